@@ -1,0 +1,118 @@
+"""STAPOConfig: GRPOConfig plus the S2T mask's settings, with the paper's defaults."""
+
+from dataclasses import dataclass, field
+
+from trl import GRPOConfig
+
+from .s2t import MASK_MODES
+
+# Loss types whose objective is the clipped surrogate of paper Eq. 4/6, a per-token sum that a token mask edits.
+SUPPORTED_LOSS_TYPES = ("dapo", "bnpo", "grpo", "dr_grpo")
+
+
+@dataclass
+class STAPOConfig(GRPOConfig):
+    r"""
+    Configuration for [`STAPOTrainer`]: every [`~trl.GRPOConfig`] field, plus the S2T mask of STAPO ("Stabilizing
+    Reinforcement Learning for LLMs by Silencing Rare Spurious Tokens", 2026, Eq. 6).
+
+    Among the loss tokens of positive-advantage completions whose probability is below τ_p (the *candidates*), S2T
+    silences those whose entropy is below the q-quantile of the candidates' entropies: they leave the loss and the
+    normalizer. On top of that, the defaults are the paper's training setting (§5.1, App. 10, the JustRL setting) where
+    GRPOConfig differs: DAPO token-level normalization (`loss_type="dapo"`), clip-higher (ε_low 0.2, ε_high 0.28), no
+    KL (`beta=0`), constant learning rate 1e-6 after 10 warm-up steps, AdamW weight decay 0.1, gradient clipping 1.0,
+    G = 8 completions per prompt sampled at temperature 1.0 / top-p 1.0.
+
+    Parameters:
+        spurious_prob_threshold (`float`, defaults to `0.002`):
+            τ_p: a token is a candidate when its probability π_θ(y_t) is strictly below this value. Must be in (0, 1].
+        spurious_entropy_quantile (`float`, defaults to `0.75`):
+            q: the candidates with entropy below the q-quantile of all candidates' entropies (pooled over processes)
+            are silenced. Must be in [0, 1]. For mode `"random"`, the probability of silencing a candidate.
+        spurious_mask_mode (`str`, defaults to `"low_entropy"`):
+            `"low_entropy"` (STAPO), `"high_entropy"` (silence candidates above the (1 - q)-quantile; ablation of
+            Fig. 8), `"random"` (silence each candidate with probability q; ablation), `"all"` (every candidate:
+            JustRL-FullMask), `"none"` (plain DAPO/JustRL baseline, identical to GRPOTrainer).
+    """
+
+    spurious_prob_threshold: float = field(
+        default=0.002,
+        metadata={
+            "help": "τ_p (STAPO Eq. 6): tokens of positive-advantage completions with probability below τ_p are "
+            "candidates for silencing. In (0, 1]; paper: 0.002."
+        },
+    )
+    spurious_entropy_quantile: float = field(
+        default=0.75,
+        metadata={
+            "help": "q (STAPO Eq. 6): candidates with entropy below the q-quantile τ_h of the candidates' entropies "
+            "(pooled over all processes) are silenced. In [0, 1]; paper: 0.75. Mode 'random': silencing probability."
+        },
+    )
+    spurious_mask_mode: str = field(
+        default="low_entropy",
+        metadata={
+            "help": "Which candidates to silence: 'low_entropy' (STAPO), 'high_entropy' and 'random' (the paper's Fig. 8 "
+            "ablations), 'all' (JustRL-FullMask), 'none' (plain baseline, same as GRPOTrainer).",
+            "choices": list(MASK_MODES),
+        },
+    )
+
+    # GRPOConfig fields whose defaults differ in the paper's setting (§5.1, App. 10, Table 4)
+    loss_type: str = field(
+        default="dapo",
+        metadata={"help": "Loss normalization. STAPO uses DAPO's token-level normalization (paper Eq. 4, 6)."},
+    )
+    epsilon: float = field(default=0.2, metadata={"help": "ε_low of the clipped ratio (paper: 0.2)."})
+    epsilon_high: float = field(default=0.28, metadata={"help": "ε_high, DAPO's clip-higher (paper: 0.28)."})
+    beta: float = field(default=0.0, metadata={"help": "KL coefficient β. The paper uses no KL term (0.0)."})
+    learning_rate: float = field(default=1e-6, metadata={"help": "AdamW learning rate (paper: constant 1e-6)."})
+    lr_scheduler_type: str = field(
+        default="constant_with_warmup",
+        metadata={"help": "Learning-rate schedule (paper: constant after warm-up)."},
+    )
+    warmup_steps: float = field(default=10, metadata={"help": "Linear warm-up steps (paper: 10)."})
+    weight_decay: float = field(default=0.1, metadata={"help": "AdamW weight decay (paper, JustRL setting: 0.1)."})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm (paper: 1.0)."})
+    num_generations: int | None = field(
+        default=8, metadata={"help": "G, completions sampled per prompt (paper: 8)."}
+    )
+    temperature: float = field(default=1.0, metadata={"help": "Rollout sampling temperature (paper: 1.0)."})
+    top_p: float = field(default=1.0, metadata={"help": "Rollout nucleus sampling top-p (paper: 1.0)."})
+
+    def __post_init__(self):
+        # Checked before GRPOConfig's own set-up, so a wrong value fails before anything expensive starts.
+        if not 0.0 < self.spurious_prob_threshold <= 1.0:
+            raise ValueError(
+                f"spurious_prob_threshold (τ_p) must be in (0, 1], got {self.spurious_prob_threshold}; "
+                "the paper uses 0.002."
+            )
+        if not 0.0 <= self.spurious_entropy_quantile <= 1.0:
+            raise ValueError(
+                f"spurious_entropy_quantile (q) must be in [0, 1], got {self.spurious_entropy_quantile}; "
+                "the paper uses 0.75 (a fraction, not a percentage)."
+            )
+        if self.spurious_mask_mode not in MASK_MODES:
+            raise ValueError(f"spurious_mask_mode must be one of {MASK_MODES}, got {self.spurious_mask_mode!r}.")
+        if self.use_liger_kernel:
+            raise ValueError(
+                "use_liger_kernel=True computes the GRPO loss inside the Liger kernel, where the S2T mask cannot be "
+                "applied; set use_liger_kernel=False."
+            )
+        if self.loss_type not in SUPPORTED_LOSS_TYPES:
+            raise ValueError(
+                f"loss_type={self.loss_type!r} is not supported by STAPO: the S2T mask edits the per-token clipped "
+                f"surrogate of Eq. 6. Use one of {SUPPORTED_LOSS_TYPES} ('dapo' is the paper's)."
+            )
+        if self.importance_sampling_level != "token":
+            raise ValueError(
+                f"importance_sampling_level={self.importance_sampling_level!r}: a sequence-level ratio ties every "
+                "token of a completion together, so silencing single tokens is meaningless. Set "
+                "importance_sampling_level='token'."
+            )
+        if self.entropy_coef != 0.0 or self.use_adaptive_entropy:
+            raise ValueError(
+                "entropy_coef / use_adaptive_entropy (an entropy bonus) is not supported by STAPOTrainer: S2T "
+                "stabilizes entropy without a bonus term (paper §5). Set entropy_coef=0.0 and use_adaptive_entropy=False."
+            )
+        super().__post_init__()

@@ -1,0 +1,231 @@
+"""STAPOTrainer: TRL's GRPOTrainer whose loss leaves out the tokens the S2T mask silences (paper Eq. 6)."""
+
+import textwrap
+
+import torch
+from trl import GRPOTrainer
+from trl.trainer.utils import get_config_model_id, nanmax, nanmin
+
+from .config import STAPOConfig
+from .s2t import masked_quantile, spurious_token_mask
+
+# Entropy quantiles of the loss tokens logged every step, as in the paper's Fig. 5d.
+ENTROPY_QUANTILES = {"p50": 0.5, "p80": 0.8, "p95": 0.95}
+
+
+class STAPOTrainer(GRPOTrainer):
+    """
+    Trainer for STAPO (Spurious-Token-Aware Policy Optimization), from "STAPO: Stabilizing Reinforcement Learning for
+    LLMs by Silencing Rare Spurious Tokens" (2026). A drop-in replacement of [`~trl.GRPOTrainer`] configured by
+    [`STAPOConfig`].
+
+    Inside the loss, from the same forward pass that gives the per-token log-probabilities and entropies, the S2T
+    mask ([`~stapo_trl.s2t.spurious_token_mask`]) picks the spurious tokens: low-probability (< τ_p), low-entropy
+    (< the q-quantile of the candidates, pooled over all processes) tokens of positive-advantage completions. They are
+    removed from the loss mask, so they get no gradient and are not counted by the normalizer, and every metric of
+    "loss tokens" (entropy, clip ratios) sees the same tokens as the loss.
+
+    Normalization. With `loss_type="dapo"` the loss of a micro-batch is its sum over unsilenced tokens divided by
+    TRL's token count scaled by (L - S) / L, where L and S are the loss and silenced tokens of that micro-batch over
+    all processes. When an optimizer step is one micro-batch this is exactly Eq. 6: the sum over unsilenced tokens
+    divided by their number. With gradient accumulation or `steps_per_generation > 1`, the silenced tokens of the
+    *other* micro-batches are not known yet when a micro-batch's loss is formed, so each micro-batch is renormalized
+    by its own silenced fraction s_k instead of the step's s: micro-batch k's gradient is weighted by
+    (1 - s) / (1 - s_k) relative to Eq. 6. That factor lies within [1 - max_k s_k, 1 / (1 - max_k s_k)], a deviation
+    of about 1e-4 at the paper's silencing rate, and it needs no gradient rescaling (so it also holds under
+    DeepSpeed and FSDP, where gradients live inside the engine). The entropy quantile τ_h is likewise taken per
+    micro-batch (over all processes) rather than per optimizer step. The other loss types normalize by the loss mask
+    itself (`grpo`, `bnpo`) or by a constant (`dr_grpo`), so removing tokens from the mask renormalizes them as
+    their definitions say.
+
+    `top_entropy_quantile < 1` (20-Entropy) is applied after S2T, over the tokens S2T kept.
+    """
+
+    _tag_names = ["trl", "grpo", "stapo"]
+    _name = "STAPO"
+    _paper = {
+        "title": "STAPO: Stabilizing Reinforcement Learning for LLMs by Silencing Rare Spurious Tokens",
+        "id": None,
+        # docstyle-ignore
+        "citation": textwrap.dedent("""\
+            @article{stapo2026,
+                title        = {{STAPO: Stabilizing Reinforcement Learning for LLMs by Silencing Rare Spurious Tokens}},
+                year         = 2026,
+            }"""),
+    }
+
+    def __init__(self, model, reward_funcs=None, args: STAPOConfig | None = None, *other_args, **kwargs):
+        if args is not None and not isinstance(args, STAPOConfig):
+            raise TypeError(
+                f"STAPOTrainer needs `args` to be a STAPOConfig (it holds τ_p, q and the mask mode), got "
+                f"{type(args).__name__}. Build it with STAPOConfig(**your_grpo_config.to_dict()) or use GRPOTrainer."
+            )
+        if args is None:
+            model_name = model if isinstance(model, str) else get_config_model_id(model.config)
+            args = STAPOConfig(f"{model_name.split('/')[-1]}-STAPO")
+        super().__init__(model, reward_funcs, args, *other_args, **kwargs)
+        self._random_mask_generator = None
+
+    def _gather_candidate_entropies(self, entropies: torch.Tensor) -> torch.Tensor:
+        """All-gather a variable-length 1-D tensor of entropies (>= 0) from every process."""
+        pad_value = -1e9  # entropies are never negative, so the sentinel cannot collide with a real value
+        gathered = self.accelerator.gather(self.accelerator.pad_across_processes(entropies, dim=0, pad_index=pad_value))
+        return gathered[gathered != pad_value]
+
+    def _spurious_mask_and_log(self, per_token_logps, entropies, advantages, mask, mode: str) -> torch.Tensor:
+        """Compute the S2T mask of this micro-batch, log its metrics, and return (silenced, loss-token keep ratio)."""
+        args = self.args
+        if args.spurious_mask_mode == "random" and self._random_mask_generator is None:
+            self._random_mask_generator = torch.Generator(device=per_token_logps.device)
+            self._random_mask_generator.manual_seed(args.seed + self.accelerator.process_index)
+        silenced, candidates, entropy_threshold = spurious_token_mask(
+            per_token_logps,
+            entropies,
+            advantages,
+            mask,
+            prob_threshold=args.spurious_prob_threshold,
+            entropy_quantile=args.spurious_entropy_quantile,
+            mode=args.spurious_mask_mode,
+            generator=self._random_mask_generator,
+            gather=self._gather_candidate_entropies if self.accelerator.num_processes > 1 else None,
+            return_details=True,
+        )
+        # One all-gather for the counts (summed) and the entropy quantiles (averaged over processes).
+        local_quantiles = masked_quantile(entropies.detach(), mask.bool(), list(ENTROPY_QUANTILES.values()))
+        local_counts = torch.stack([mask.sum(), candidates.sum(), silenced.sum()]).float()
+        per_process = self.accelerator.gather(torch.cat([local_counts, local_quantiles]).unsqueeze(0))
+        num_loss, num_candidates, num_silenced = per_process[:, :3].sum(0)
+        keep_ratio = (num_loss - num_silenced).clamp(min=1.0) / num_loss.clamp(min=1.0)
+
+        num_loss_, num_candidates_, num_silenced_ = (num_loss.item(), num_candidates.item(), num_silenced.item())
+        metrics = self._metrics[mode]
+        metrics["spurious/silenced_ratio"].append(num_silenced_ / max(num_loss_, 1.0))
+        metrics["spurious/candidate_ratio"].append(num_candidates_ / max(num_loss_, 1.0))
+        metrics["spurious/silenced_count"].append(num_silenced_)
+        metrics["spurious/entropy_threshold"].append(entropy_threshold.item())
+        for name, quantile in zip(ENTROPY_QUANTILES, per_process[:, 3:].nanmean(0).tolist(), strict=True):
+            metrics[f"entropy/{name}"].append(quantile)
+        return silenced, keep_ratio
+
+    # The body below is GRPOTrainer._compute_loss of TRL 1.16 (the pinned range) restricted to what STAPOConfig
+    # accepts, with the S2T mask inserted where marked. tests/test_trainer.py checks parity with the parent.
+    def _compute_loss(self, model, inputs):
+        prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
+        completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
+        logits_to_keep = completion_ids.size(1)
+        mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
+
+        per_token_logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
+            model,
+            input_ids,
+            attention_mask,
+            logits_to_keep,
+            compute_entropy=True,
+            compute_aux_loss=self.aux_loss_enabled,
+            pixel_values=inputs.get("pixel_values"),
+            image_grid_thw=inputs.get("image_grid_thw"),
+            num_images=inputs.get("num_images"),
+            pixel_attention_mask=inputs.get("pixel_attention_mask"),
+            spatial_shapes=inputs.get("spatial_shapes"),
+            num_tiles=inputs.get("num_tiles"),
+            image_sizes=inputs.get("image_sizes"),
+            token_type_ids=inputs.get("token_type_ids"),
+            mm_token_type_ids=inputs.get("mm_token_type_ids"),
+            image_position_ids=inputs.get("image_position_ids"),
+        )
+        mode = "train" if self.model.training else "eval"
+        advantages = inputs["advantages"]
+        if advantages.dim() == 1:
+            advantages = advantages.unsqueeze(1)
+
+        # --- S2T: silenced tokens leave the loss mask (no gradient, not counted) ---
+        silenced, keep_ratio = self._spurious_mask_and_log(per_token_logps, entropies, advantages, mask, mode)
+        mask = mask * ~silenced
+
+        if self.top_entropy_quantile < 1.0:
+            entropy_mask = self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)
+        else:
+            entropy_mask = None
+
+        old_per_token_logps = inputs.get("old_per_token_logps")
+        old_per_token_logps = per_token_logps.detach() if old_per_token_logps is None else old_per_token_logps
+
+        if self.off_policy_mask_threshold is not None:
+            sampling_per_token_logps = inputs.get("sampling_per_token_logps", old_per_token_logps)
+            off_policy_mask = self.get_off_policy_mask(
+                advantages=advantages,
+                per_token_logps=per_token_logps,
+                sampling_per_token_logps=sampling_per_token_logps,
+                mask=mask,
+                off_policy_threshold=self.off_policy_mask_threshold,
+            )
+
+        # Token-level importance sampling only (STAPOConfig refuses the sequence level)
+        coef_1 = torch.exp(per_token_logps - old_per_token_logps)
+
+        if self.beta != 0.0:
+            ref_per_token_logps = inputs["ref_per_token_logps"]
+            per_token_kl = (
+                torch.exp(ref_per_token_logps - per_token_logps) - (ref_per_token_logps - per_token_logps) - 1
+            )
+            if self.args.use_bias_correction_kl:
+                per_token_kl = per_token_kl * coef_1
+
+        # Clipped surrogate with clip-higher: min(ρ Â, clip(ρ, 1 - ε_low, 1 + ε_high) Â)
+        coef_2 = torch.clamp(coef_1, 1 - self.epsilon_low, 1 + self.epsilon_high)
+        if self.args.delta is not None:
+            coef_1 = torch.clamp(coef_1, max=self.args.delta)
+        per_token_loss = -torch.min(coef_1 * advantages, coef_2 * advantages)
+
+        if self.off_policy_mask_threshold is not None:
+            per_token_loss = per_token_loss * off_policy_mask
+        if entropy_mask is not None:
+            per_token_loss = per_token_loss * entropy_mask
+        if self.use_vllm and self.vllm_importance_sampling_correction:
+            per_token_loss = per_token_loss * inputs["importance_sampling_ratio"]
+        if self.beta != 0.0:
+            per_token_loss = per_token_loss + self.beta * per_token_kl
+
+        accumulation_steps = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+        if self.loss_type == "dapo":
+            normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
+            if mode == "train":
+                normalizer = normalizer * self.current_gradient_accumulation_steps / self.args.steps_per_generation
+            # --- S2T: the normalizer counts only unsilenced tokens (see the class docstring) ---
+            loss = (per_token_loss * mask).sum() / (normalizer * keep_ratio)
+        elif self.loss_type == "grpo":
+            loss = ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean() / accumulation_steps
+        elif self.loss_type == "bnpo":
+            loss = (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0) / accumulation_steps
+        else:  # dr_grpo
+            loss = (per_token_loss * mask).sum() / (per_token_loss.size(0) * self.max_completion_length)
+            loss = loss / accumulation_steps
+
+        if self.aux_loss_enabled:
+            loss = loss + self.router_aux_loss_coef * aux_loss / accumulation_steps
+            self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss).mean().item())
+
+        def masked_seq_mean(x):
+            return (x * mask).sum(-1) / mask.sum(-1)
+
+        def global_masked_mean(x):
+            totals = self.accelerator.reduce(torch.stack([(x * mask).sum(), mask.sum().float()]), reduction="sum")
+            return (totals[0] / totals[1].clamp(min=1.0)).item()
+
+        if self.beta != 0.0:
+            self._metrics[mode]["kl"].append(global_masked_mean(per_token_kl))
+        self._metrics[mode]["entropy"].append(global_masked_mean(entropies))
+
+        is_low_clipped = (coef_1 < 1 - self.epsilon_low) & (advantages < 0)
+        is_high_clipped = (coef_1 > 1 + self.epsilon_high) & (advantages > 0)
+        is_region_clipped = is_low_clipped | is_high_clipped
+        self._metrics[mode]["clip_ratio/low_mean"].append(global_masked_mean(is_low_clipped.float()))
+        self._metrics[mode]["clip_ratio/high_mean"].append(global_masked_mean(is_high_clipped.float()))
+        self._metrics[mode]["clip_ratio/region_mean"].append(global_masked_mean(is_region_clipped.float()))
+        gathered_low_clip = self.accelerator.gather(masked_seq_mean(is_low_clipped.float()))
+        self._metrics[mode]["clip_ratio/low_min"].append(nanmin(gathered_low_clip).item())
+        gathered_high_clip = self.accelerator.gather(masked_seq_mean(is_high_clipped.float()))
+        self._metrics[mode]["clip_ratio/high_max"].append(nanmax(gathered_high_clip).item())
+        return loss

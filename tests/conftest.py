@@ -1,0 +1,49 @@
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+from datasets import Dataset  # noqa: E402
+
+from stapo_trl import STAPOConfig  # noqa: E402
+from stapo_trl.toy.model import tiny_qwen3  # noqa: E402
+from stapo_trl.toy.tokenizer import build_tokenizer  # noqa: E402
+
+# CPU settings every test config needs: TRL defaults to bf16, which refuses to start without a GPU.
+CPU_SETTINGS = dict(use_cpu=True, bf16=False, report_to="none", gradient_checkpointing=False, dataloader_num_workers=0)
+
+
+def cpu_config(output_dir, **overrides) -> STAPOConfig:
+    settings = dict(
+        CPU_SETTINGS,
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=8,
+        logging_steps=1,
+        save_strategy="no",
+        seed=0,
+    )
+    settings.update(overrides)
+    return STAPOConfig(output_dir=str(output_dir), **settings)
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return build_tokenizer()
+
+
+@pytest.fixture
+def model(tokenizer):
+    return tiny_qwen3(tokenizer, seed=0)
+
+
+@pytest.fixture(scope="session")
+def prompt_dataset():
+    prompts = [[{"role": "user", "content": f"What is {a}+{a + 1}?"}] for a in range(16)]
+    return Dataset.from_dict({"prompt": prompts, "solution": [str(2 * a + 1) for a in range(16)]})
+
+
+def length_reward(completions, **kwargs):
+    """A deterministic reward that varies within groups, so advantages are non-zero."""
+    return [float(len(c[0]["content"]) % 3) - 1.0 for c in completions]
