@@ -14,7 +14,8 @@ from stapo_trl.toy.tokenizer import build_tokenizer  # noqa: E402
 CPU_SETTINGS = dict(use_cpu=True, bf16=False, report_to="none", gradient_checkpointing=False, dataloader_num_workers=0)
 
 
-def cpu_config(output_dir, **overrides) -> STAPOConfig:
+def cpu_settings(**overrides) -> dict:
+    """Small, fast, CPU-only config values for tests; `overrides` win."""
     settings = dict(
         CPU_SETTINGS,
         per_device_train_batch_size=4,
@@ -25,7 +26,11 @@ def cpu_config(output_dir, **overrides) -> STAPOConfig:
         seed=0,
     )
     settings.update(overrides)
-    return STAPOConfig(output_dir=str(output_dir), **settings)
+    return settings
+
+
+def cpu_config(output_dir, **overrides) -> STAPOConfig:
+    return STAPOConfig(**cpu_settings(output_dir=str(output_dir), **overrides))
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,329 @@
+"""STAPOTrainer against GRPOTrainer (parity) and against Eq. 6 written out by hand (tests/eq6.py)."""
+
+import copy
+import dataclasses
+import json
+
+import pytest
+import torch
+from conftest import cpu_config, cpu_settings, length_reward
+from eq6 import s2t_silenced, stapo_loss, token_logps_and_entropies
+from trl import GRPOConfig, GRPOTrainer
+
+from stapo_trl import STAPOConfig, STAPOTrainer
+from stapo_trl.s2t import spurious_token_mask
+from stapo_trl.toy.model import tiny_qwen3
+
+# With a 100-token vocabulary a random model gives most tokens probability ~0.01: τ_p = 0.02 makes candidates common.
+TEST_TAU_P = 0.02
+
+
+def make_inputs(vocab_size, batch=6, prompt_length=5, completion_length=7, seed=0, old_logps_noise=None, model=None):
+    """A micro-batch as GRPOTrainer's _prepare_inputs hands it to the loss (single process, on-policy)."""
+    generator = torch.Generator().manual_seed(seed)
+    prompt_ids = torch.randint(3, vocab_size, (batch, prompt_length), generator=generator)
+    completion_ids = torch.randint(3, vocab_size, (batch, completion_length), generator=generator)
+    prompt_mask = torch.ones(batch, prompt_length, dtype=torch.long)
+    prompt_mask[0, :2] = 0  # left padding
+    completion_mask = torch.ones(batch, completion_length, dtype=torch.long)
+    completion_mask[1, -3:] = 0  # a completion that ended early
+    completion_mask[2, -1:] = 0
+    advantages = torch.tensor([1.2, 0.7, -0.4, 0.9, -1.5, 0.0])[:batch]
+    inputs = {
+        "prompt_ids": prompt_ids,
+        "prompt_mask": prompt_mask,
+        "completion_ids": completion_ids,
+        "completion_mask": completion_mask,
+        "advantages": advantages,
+        "num_items_in_batch": completion_mask.sum(),
+    }
+    if old_logps_noise is not None:
+        # Off-policy inputs (as with num_iterations > 1): ratios far enough from 1 to hit both clips.
+        with torch.no_grad():
+            logps, _ = token_logps_and_entropies(model, inputs)
+        inputs["old_per_token_logps"] = logps + old_logps_noise * torch.randn(logps.shape, generator=generator)
+    return inputs
+
+
+def grpo_config_like(config_kwargs) -> GRPOConfig:
+    """The GRPOConfig a user would write for the same run: STAPOConfig's paper defaults, the same overrides."""
+    grpo_fields = {f.name: f for f in dataclasses.fields(GRPOConfig)}
+    paper_defaults = {
+        f.name: f.default
+        for f in dataclasses.fields(STAPOConfig)
+        if f.name in grpo_fields and f.default != grpo_fields[f.name].default
+    }
+    stapo_only = {"spurious_prob_threshold", "spurious_entropy_quantile", "spurious_mask_mode"}
+    return GRPOConfig(**{**paper_defaults, **{k: v for k, v in config_kwargs.items() if k not in stapo_only}})
+
+
+def build(trainer_class, model, tokenizer, prompt_dataset, tmp_path, **overrides):
+    config = cpu_config(tmp_path, spurious_prob_threshold=TEST_TAU_P, **overrides)
+    if trainer_class is GRPOTrainer:
+        config = grpo_config_like(cpu_settings(output_dir=str(tmp_path), **overrides))
+    trainer = trainer_class(
+        model=model, reward_funcs=length_reward, args=config, train_dataset=prompt_dataset, processing_class=tokenizer
+    )
+    trainer.current_gradient_accumulation_steps = config.gradient_accumulation_steps
+    return trainer
+
+
+def loss_and_grads(trainer, inputs):
+    trainer.model.train()
+    trainer.model.zero_grad()
+    loss = trainer._compute_loss(trainer.model, inputs)
+    loss.backward()
+    grads = {name: p.grad.clone() for name, p in trainer.model.named_parameters() if p.grad is not None}
+    return loss.detach(), grads
+
+
+def assert_same_grads(grads, expected, rtol=1e-5, atol=1e-7):
+    assert grads.keys() == expected.keys()
+    for name in grads:
+        torch.testing.assert_close(grads[name], expected[name], rtol=rtol, atol=atol, msg=name)
+
+
+PARITY_CASES = {
+    "dapo": {},
+    "grpo": {"loss_type": "grpo"},
+    "bnpo": {"loss_type": "bnpo"},
+    "dr_grpo": {"loss_type": "dr_grpo"},
+    "top_entropy": {"top_entropy_quantile": 0.5},
+    "two_sided_clip": {"delta": 1.5},
+    "off_policy_mask": {"off_policy_mask_threshold": 0.1},
+}
+
+
+@pytest.mark.parametrize("case", PARITY_CASES)
+def test_mode_none_matches_grpo_trainer(case, tokenizer, model, prompt_dataset, tmp_path):
+    overrides = dict(PARITY_CASES[case], spurious_mask_mode="none")
+    inputs = make_inputs(len(tokenizer), old_logps_noise=0.3, model=model)
+    grpo = build(GRPOTrainer, copy.deepcopy(model), tokenizer, prompt_dataset, tmp_path / "grpo", **overrides)
+    stapo = build(STAPOTrainer, model, tokenizer, prompt_dataset, tmp_path / "stapo", **overrides)
+    grpo_loss, grpo_grads = loss_and_grads(grpo, inputs)
+    stapo_loss_value, stapo_grads = loss_and_grads(stapo, inputs)
+    assert torch.equal(stapo_loss_value, grpo_loss)
+    assert_same_grads(stapo_grads, grpo_grads, rtol=0, atol=0)
+    for key in ("entropy", "clip_ratio/low_mean", "clip_ratio/high_mean"):
+        assert stapo._metrics["train"][key] == grpo._metrics["train"][key]
+
+
+def test_parity_with_tool_mask_and_kl(tokenizer, model, prompt_dataset, tmp_path):
+    inputs = make_inputs(len(tokenizer), old_logps_noise=0.3, model=model)
+    inputs["tool_mask"] = torch.ones_like(inputs["completion_mask"])
+    inputs["tool_mask"][3, 2:4] = 0  # tool output inside a completion: attended to, not trained on
+    inputs["num_items_in_batch"] = (inputs["completion_mask"] * inputs["tool_mask"]).sum()
+    inputs["ref_per_token_logps"] = inputs["old_per_token_logps"] - 0.1
+    overrides = dict(spurious_mask_mode="none", beta=0.04)
+    model.save_pretrained(tmp_path / "model")  # with β > 0 the trainers load their reference model from a path
+    grpo = build(GRPOTrainer, str(tmp_path / "model"), tokenizer, prompt_dataset, tmp_path / "grpo", **overrides)
+    stapo = build(STAPOTrainer, str(tmp_path / "model"), tokenizer, prompt_dataset, tmp_path / "stapo", **overrides)
+    grpo_loss, grpo_grads = loss_and_grads(grpo, inputs)
+    stapo_loss_value, stapo_grads = loss_and_grads(stapo, inputs)
+    assert torch.equal(stapo_loss_value, grpo_loss)
+    assert_same_grads(stapo_grads, grpo_grads, rtol=0, atol=0)
+    assert stapo._metrics["train"]["kl"] == grpo._metrics["train"]["kl"]
+
+
+@pytest.mark.parametrize("old_logps_noise", [None, 0.4])
+def test_loss_and_gradients_equal_eq6(old_logps_noise, tokenizer, model, prompt_dataset, tmp_path):
+    inputs = make_inputs(len(tokenizer), old_logps_noise=old_logps_noise, model=model)
+    trainer = build(STAPOTrainer, model, tokenizer, prompt_dataset, tmp_path)
+    loss, grads = loss_and_grads(trainer, inputs)
+
+    reference_model = tiny_qwen3(tokenizer, seed=0)  # the same weights, untouched by the trainer
+    reference_loss, silenced = stapo_loss(
+        reference_model, inputs, prob_threshold=TEST_TAU_P, entropy_quantile=0.75, epsilon_low=0.2, epsilon_high=0.28
+    )
+    reference_loss.backward()
+    expected = {name: p.grad for name, p in reference_model.named_parameters() if p.grad is not None}
+
+    # The case must exercise the mask: some tokens silenced, some candidates kept.
+    num_silenced = int(silenced.sum())
+    assert 0 < num_silenced < int(inputs["completion_mask"].sum())
+    assert trainer._metrics["train"]["spurious/silenced_count"] == [num_silenced]
+    torch.testing.assert_close(loss, reference_loss.detach(), rtol=1e-5, atol=1e-6)
+    assert_same_grads(grads, expected, rtol=1e-4, atol=1e-6)
+    # ...and differ from plain DAPO (nothing silenced) by more than the tolerance.
+    plain_loss, _ = stapo_loss(
+        tiny_qwen3(tokenizer, seed=0),
+        inputs,
+        silenced=torch.zeros_like(silenced),
+        prob_threshold=TEST_TAU_P,
+        entropy_quantile=0.75,
+        epsilon_low=0.2,
+        epsilon_high=0.28,
+    )
+    assert not torch.allclose(plain_loss, reference_loss, rtol=1e-3)
+
+
+def test_gradient_accumulation_deviation_is_bounded(tokenizer, model, prompt_dataset, tmp_path):
+    """Two micro-batches per optimizer step: each is renormalized by its own silenced fraction s_k.
+
+    The accumulated gradient is Σ_k c_k g*_k with c_k = (1 - s) / (1 - s_k), where g*_k is micro-batch k's share of
+    the exact Eq. 6 gradient over the step; so |g - g*| <= max_k |c_k - 1| Σ_k |g*_k|.
+    """
+    micro_batches = [make_inputs(len(tokenizer), seed=seed) for seed in (1, 2)]
+    total_loss_tokens = sum(int(mb["completion_mask"].sum()) for mb in micro_batches)
+    for mb in micro_batches:
+        mb["num_items_in_batch"] = torch.tensor(total_loss_tokens)  # TRL counts the whole generation batch
+    trainer = build(STAPOTrainer, model, tokenizer, prompt_dataset, tmp_path, gradient_accumulation_steps=2)
+    trainer.model.train()
+    trainer.model.zero_grad()
+    for mb in micro_batches:
+        trainer._compute_loss(trainer.model, mb).backward()
+    accumulated = {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+
+    # Exact Eq. 6 over the step: every micro-batch's unsilenced sum divided by the step's unsilenced count.
+    reference_model = tiny_qwen3(tokenizer, seed=0)  # the same weights, untouched by the trainer
+    silenced, kept_counts = [], []
+    for mb in micro_batches:
+        with torch.no_grad():
+            logps, entropies = token_logps_and_entropies(reference_model, mb)
+        silenced.append(s2t_silenced(logps, entropies, mb["advantages"], mb["completion_mask"], TEST_TAU_P, 0.75))
+        kept_counts.append(int((mb["completion_mask"].bool() & ~silenced[-1]).sum()))
+    total_kept = sum(kept_counts)
+    shares, factors = [], []
+    for mb, mb_silenced, kept in zip(micro_batches, silenced, kept_counts, strict=True):
+        reference_model.zero_grad()
+        mb_loss, _ = stapo_loss(
+            reference_model, mb, mb_silenced, prob_threshold=0, entropy_quantile=0, epsilon_low=0.2, epsilon_high=0.28
+        )
+        (mb_loss * kept / total_kept).backward()  # this micro-batch's share of the step's token mean
+        shares.append({n: p.grad.clone() for n, p in reference_model.named_parameters() if p.grad is not None})
+        loss_tokens = int(mb["completion_mask"].sum())
+        factors.append((total_kept / total_loss_tokens) / (kept / loss_tokens))
+    assert factors[0] != pytest.approx(factors[1], rel=1e-3), "the micro-batches must differ in silenced fraction"
+
+    exact = {n: shares[0][n] + shares[1][n] for n in accumulated}
+    deviation = torch.sqrt(sum(((accumulated[n] - exact[n]) ** 2).sum() for n in exact))
+    bound = max(abs(c - 1) for c in factors) * sum(
+        torch.sqrt(sum((share[n] ** 2).sum() for n in share)) for share in shares
+    )
+    assert 0 < deviation <= bound * (1 + 1e-4)
+    # The documented weighting holds exactly: g = Σ_k c_k g*_k.
+    weighted = {n: factors[0] * shares[0][n] + factors[1] * shares[1][n] for n in exact}
+    assert_same_grads(accumulated, weighted, rtol=1e-4, atol=1e-6)
+
+
+def test_metrics_against_the_mask(tokenizer, model, prompt_dataset, tmp_path):
+    inputs = make_inputs(len(tokenizer))
+    trainer = build(STAPOTrainer, model, tokenizer, prompt_dataset, tmp_path)
+    loss_and_grads(trainer, inputs)
+    with torch.no_grad():
+        logps, entropies = token_logps_and_entropies(model, inputs)
+    loss_mask = inputs["completion_mask"].bool()
+    silenced = s2t_silenced(logps, entropies, inputs["advantages"], loss_mask, TEST_TAU_P, 0.75)
+    candidates = loss_mask & (inputs["advantages"].view(-1, 1) > 0) & (logps.exp() < TEST_TAU_P)
+    metrics = trainer._metrics["train"]
+    num_loss = loss_mask.sum().item()
+    assert metrics["spurious/silenced_ratio"][0] == pytest.approx(silenced.sum().item() / num_loss)
+    assert metrics["spurious/candidate_ratio"][0] == pytest.approx(candidates.sum().item() / num_loss)
+    assert metrics["spurious/entropy_threshold"][0] == pytest.approx(
+        torch.quantile(entropies[candidates], 0.75).item(), rel=1e-5
+    )
+    for name, q in (("p50", 0.5), ("p80", 0.8), ("p95", 0.95)):
+        assert metrics[f"entropy/{name}"][0] == pytest.approx(torch.quantile(entropies[loss_mask], q).item(), rel=1e-5)
+    # The logged entropy is over the tokens the loss kept.
+    kept = loss_mask & ~silenced
+    assert metrics["entropy"][0] == pytest.approx((entropies[kept]).mean().item(), rel=1e-5)
+
+
+def test_trainer_silences_what_the_public_function_returns(tokenizer, model, prompt_dataset, tmp_path):
+    """The trainer silences exactly what the public function returns for the same tensors."""
+    inputs = make_inputs(len(tokenizer), seed=3)
+    trainer = build(STAPOTrainer, model, tokenizer, prompt_dataset, tmp_path, spurious_mask_mode="high_entropy")
+    loss_and_grads(trainer, inputs)
+    with torch.no_grad():
+        logps, entropies = token_logps_and_entropies(model, inputs)
+    silenced = spurious_token_mask(
+        logps,
+        entropies,
+        inputs["advantages"],
+        inputs["completion_mask"],
+        prob_threshold=TEST_TAU_P,
+        entropy_quantile=0.75,
+        mode="high_entropy",
+    )
+    assert trainer._metrics["train"]["spurious/silenced_count"] == [silenced.sum().item()]
+
+
+def test_default_config_and_type_check(tokenizer, model, prompt_dataset, tmp_path):
+    with pytest.raises(TypeError, match="STAPOConfig"):
+        STAPOTrainer(
+            model=model,
+            reward_funcs=length_reward,
+            args=GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False),
+            train_dataset=prompt_dataset,
+            processing_class=tokenizer,
+        )
+
+
+@pytest.mark.slow
+def test_train_logs_changes_weights_saves_and_resumes(tokenizer, prompt_dataset, tmp_path):
+    model = tiny_qwen3(tokenizer, seed=0)
+    initial = {n: p.detach().clone() for n, p in model.named_parameters()}
+    overrides = dict(
+        learning_rate=1e-2,
+        warmup_steps=0,
+        max_steps=2,
+        save_strategy="steps",
+        save_steps=2,
+        num_iterations=2,
+        gradient_accumulation_steps=2,
+        steps_per_generation=4,
+    )
+    trainer = STAPOTrainer(
+        model=model,
+        reward_funcs=length_reward,
+        args=cpu_config(tmp_path, spurious_prob_threshold=TEST_TAU_P, **overrides),
+        train_dataset=prompt_dataset,
+        processing_class=tokenizer,
+    )
+    trainer.train()
+    logged = [entry for entry in trainer.state.log_history if "spurious/silenced_ratio" in entry]
+    assert len(logged) == 2
+    for entry in logged:
+        for key in ("spurious/candidate_ratio", "spurious/silenced_count", "entropy/p50", "entropy/p95"):
+            assert key in entry
+        assert 0.0 <= entry["spurious/silenced_ratio"] <= entry["spurious/candidate_ratio"] <= 1.0
+    assert any(entry["spurious/silenced_ratio"] > 0 for entry in logged)
+    assert any(not torch.equal(p, initial[n]) for n, p in trainer.model.named_parameters())
+
+    checkpoint = tmp_path / "checkpoint-2"
+    assert (checkpoint / "model.safetensors").exists() and (checkpoint / "trainer_state.json").exists()
+    card = (tmp_path / "README.md").read_text()
+    assert "STAPO" in card and "Silencing Rare Spurious Tokens" in card and "stapo" in card
+
+    resumed = STAPOTrainer(
+        model=tiny_qwen3(tokenizer, seed=1),
+        reward_funcs=length_reward,
+        args=cpu_config(tmp_path, spurious_prob_threshold=TEST_TAU_P, **dict(overrides, max_steps=3)),
+        train_dataset=prompt_dataset,
+        processing_class=tokenizer,
+    )
+    resumed.train(resume_from_checkpoint=str(checkpoint))
+    assert resumed.state.global_step == 3
+    state = json.loads((tmp_path / "checkpoint-2" / "trainer_state.json").read_text())
+    assert state["global_step"] == 2
+    assert [e["step"] for e in resumed.state.log_history if "spurious/silenced_ratio" in e][-1] == 3
+
+
+@pytest.mark.slow
+def test_train_with_peft_lora(tokenizer, prompt_dataset, tmp_path):
+    from peft import LoraConfig
+
+    model = tiny_qwen3(tokenizer, seed=0)
+    trainer = STAPOTrainer(
+        model=model,
+        reward_funcs=length_reward,
+        args=cpu_config(tmp_path, spurious_prob_threshold=TEST_TAU_P, learning_rate=1e-2, warmup_steps=0, max_steps=2),
+        train_dataset=prompt_dataset,
+        processing_class=tokenizer,
+        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+    )
+    lora_before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_B" in n}
+    assert lora_before
+    trainer.train()
+    assert any(not torch.equal(p, lora_before[n]) for n, p in trainer.model.named_parameters() if n in lora_before)
+    assert any(e.get("spurious/silenced_ratio", 0) > 0 for e in trainer.state.log_history)
