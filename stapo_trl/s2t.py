@@ -24,9 +24,12 @@ def masked_quantile(values: torch.Tensor, valid: torch.Tensor, q: float | list[f
     Invalid entries are sorted to the end as +inf and the interpolation indices are computed on the device, so the
     result never needs the number of valid entries on the host. `q` may be a list: one sort serves every quantile.
     """
+    q = torch.as_tensor(q, dtype=torch.float32, device=values.device)
+    if values.numel() == 0:  # a shape, known on the host: no sync
+        return torch.full_like(q, torch.nan)
     count = valid.sum()
     ordered = torch.where(valid, values.float(), torch.inf).flatten().sort().values
-    position = torch.as_tensor(q, dtype=torch.float32, device=values.device) * (count - 1).clamp(min=0)
+    position = q * (count - 1).clamp(min=0)
     lower, upper = position.floor().long(), position.ceil().long()
     low_value, high_value = ordered[lower], ordered[upper]
     # torch.quantile's "linear" interpolation; with no valid entry both values are +inf and the result is NaN.

@@ -172,6 +172,9 @@ def test_gather_pools_candidates_across_processes():
     no_local = logp([[0.5] * 5, [0.5] * 5])
     silenced, _, threshold = mask(per_token_logps=no_local, gather=gather, return_details=True)
     assert threshold.item() == pytest.approx(0.15) and not silenced.any()
+    # No candidate on any process: the pooled tensor is empty.
+    silenced, _, threshold = mask(per_token_logps=no_local, gather=lambda local: local, return_details=True)
+    assert math.isnan(threshold.item()) and not silenced.any()
 
 
 def test_unknown_mode_raises():
@@ -190,3 +193,8 @@ def test_masked_quantile_matches_torch_quantile(count):
     expected = torch.quantile(values[valid], torch.tensor(quantiles))
     assert torch.allclose(masked_quantile(values, valid, quantiles), expected)
     assert torch.allclose(masked_quantile(values, valid, 0.75), torch.quantile(values[valid], 0.75))
+
+
+def test_masked_quantile_of_nothing_is_nan():
+    assert torch.isnan(masked_quantile(torch.empty(0), torch.empty(0, dtype=torch.bool), [0.5, 0.8])).all()
+    assert torch.isnan(masked_quantile(torch.ones(3, 4), torch.zeros(3, 4, dtype=torch.bool), 0.5))

@@ -80,7 +80,7 @@ def evaluate(
             chunk = problems[start : start + batch_size]
             prompts = [chat_prompt(tokenizer, p) for p in chunk]
             batch = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left")
-            kwargs = dict(temperature=temperature, top_k=None, top_p=None) if do_sample else {}
+            kwargs = dict(temperature=temperature, top_k=0, top_p=1.0) if do_sample else {}
             out = model.generate(
                 **batch,
                 max_new_tokens=max_new_tokens,
