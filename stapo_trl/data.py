@@ -30,10 +30,12 @@ import math
 import os
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import datasets
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -47,7 +49,8 @@ MATH_INSTRUCTION = "Please reason step by step, and put your final answer within
 
 DAPO_MATH_HUB_ID = "BytedTsinghua-SIA/DAPO-Math-17k"
 
-# DAPO-Math-17K wraps each problem as "<DAPO_PREFIX_MARKER> ... Answer: $Answer ...\n\n{problem}<DAPO_SUFFIX_MARKER>...".
+# DAPO-Math-17K wraps each problem as
+# "<DAPO_PREFIX_MARKER> ... Answer: $Answer ...\n\n{problem}<DAPO_SUFFIX_MARKER> ...".
 DAPO_PREFIX_MARKER = "Solve the following math problem"
 DAPO_SUFFIX_MARKER = "\n\nRemember to put your answer"
 
@@ -117,18 +120,13 @@ def load_dapo_math(
     DAPO's wrapper is removed with `strip_dapo_wrapper` and the prompt rebuilt with `math_prompt`.
     """
     return _load(
-        source,
+        [source],
+        _DAPO_LAYOUT,
         split=split,
-        problem_field="prompt",
-        answer_field="reward_model.ground_truth",
-        chat_prompt=True,
-        id_field="extra_info.index",
-        data_source=None,
-        clean_problem=strip_dapo_wrapper,
+        suffixes=LOCAL_SUFFIXES,
+        allow_hub=True,
         drop_invalid=drop_invalid,
         deduplicate=deduplicate,
-        missing_column_fix="load_dapo_math expects DAPO's veRL layout; for another layout use "
-        "load_math_dataset(path, problem_field=..., answer_field=...)",
     )
 
 
@@ -149,31 +147,15 @@ def load_verl_parquet(
     The veRL layout: ``prompt`` is a list of one ``{"role": "user", "content": <problem>}`` message,
     ``reward_model.ground_truth`` the answer (a ``\\boxed{...}`` wrapper, as in AIME24, is removed),
     ``data_source`` names the benchmark (kept in the ``data_source`` column, so mixed files stay
-    distinguishable) and ``extra_info.index`` identifies the row (kept as ``id``).
+    distinguishable) and ``extra_info.index`` identifies the row (kept as ``id`` where present).
     """
-    if isinstance(path_or_paths, (str, os.PathLike)):
-        path_or_paths = [path_or_paths]
-    files = [file for path in path_or_paths for file in _local_files(path, suffixes=(".parquet",))]
-    return _build_dataset(
-        [
-            _extract(
-                _read_local(file),
-                str(file),
-                default_data_source=file.stem,
-                problem_field="prompt",
-                answer_field="reward_model.ground_truth",
-                chat_prompt=True,
-                id_field="extra_info.index",
-                data_source=None,
-                prededuplicate=deduplicate,
-                missing_column_fix="load_verl_parquet expects the veRL layout; for another layout use "
-                "load_math_dataset(path, problem_field=..., answer_field=...)",
-            )
-            for file in files
-        ],
-        problem_field="prompt",
-        answer_field="reward_model.ground_truth",
-        clean_problem=str.strip,
+    paths = [path_or_paths] if isinstance(path_or_paths, (str, os.PathLike)) else list(path_or_paths)
+    return _load(
+        paths,
+        _VERL_LAYOUT,
+        split="train",
+        suffixes=(".parquet",),
+        allow_hub=False,
         drop_invalid=drop_invalid,
         deduplicate=deduplicate,
     )
@@ -206,65 +188,79 @@ def load_math_dataset(
         drop_invalid: drop invalid rows (and log their count) instead of raising a `ValueError`.
         deduplicate: keep only the first occurrence of each (problem, answer) pair.
     """
-    return _load(
-        path,
-        split=split,
+    layout = _Layout(
         problem_field=problem_field,
         answer_field=answer_field,
-        chat_prompt=False,
         id_field=id_field,
+        id_required=id_field is not None,
         data_source=data_source,
-        clean_problem=str.strip,
+    )
+    return _load(
+        [path],
+        layout,
+        split=split,
+        suffixes=LOCAL_SUFFIXES,
+        allow_hub=True,
         drop_invalid=drop_invalid,
         deduplicate=deduplicate,
-        missing_column_fix=None,
     )
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Reading sources
+# Layouts and reading sources
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where a source keeps the fields of a row, and how its problem text is cleaned."""
+
+    problem_field: str
+    answer_field: str
+    chat_prompt: bool = False  # problem_field holds a veRL chat prompt: a list of one user message
+    id_field: str | None = None
+    id_required: bool = False  # a missing id column is an error (else ids fall back to "<data_source>-<row>")
+    data_source: str | None = None  # one data_source for every row (else the data_source column / source name)
+    clean_problem: Callable[[str], str] = str.strip
+    missing_column_fix: str | None = None  # the advice when a column is missing (default: set the parameter)
+
+
+_VERL_LAYOUT = _Layout(
+    problem_field="prompt",
+    answer_field="reward_model.ground_truth",
+    chat_prompt=True,
+    id_field="extra_info.index",
+    missing_column_fix="This loader expects the veRL layout (prompt, reward_model.ground_truth); for another "
+    "layout use load_math_dataset(path, problem_field=..., answer_field=...)",
+)
+_DAPO_LAYOUT = replace(_VERL_LAYOUT, clean_problem=strip_dapo_wrapper)
 
 
 def _load(
-    source: str | os.PathLike,
+    sources: Sequence[str | os.PathLike],
+    layout: _Layout,
     *,
     split: str,
-    problem_field: str,
-    answer_field: str,
-    chat_prompt: bool,
-    id_field: str | None,
-    data_source: str | None,
-    clean_problem: Callable[[str], str],
+    suffixes: tuple[str, ...],
+    allow_hub: bool,
     drop_invalid: bool,
     deduplicate: bool,
-    missing_column_fix: str | None,
 ) -> Dataset:
-    """Read a local path or Hub id and build the prompt dataset (the body of the public loaders)."""
-    extract_options = dict(
-        problem_field=problem_field,
-        answer_field=answer_field,
-        chat_prompt=chat_prompt,
-        id_field=id_field,
-        data_source=data_source,
-        prededuplicate=deduplicate,
-        missing_column_fix=missing_column_fix,
-    )
-    if _is_hub_id(source):
-        label = f"{source} (split {split!r})"
-        parts = [_extract(_read_hub(str(source), split), label, default_data_source=str(source), **extract_options)]
-    else:
-        parts = [
-            _extract(_read_local(file), str(file), default_data_source=file.stem, **extract_options)
-            for file in _local_files(source, suffixes=LOCAL_SUFFIXES)
-        ]
-    return _build_dataset(
-        parts,
-        problem_field=problem_field,
-        answer_field=answer_field,
-        clean_problem=clean_problem,
-        drop_invalid=drop_invalid,
-        deduplicate=deduplicate,
-    )
+    """Read local paths (or Hub ids) in `layout` and build one prompt dataset: the body of every public loader.
+
+    Every local path is checked before anything is read.
+    """
+    readers: list[tuple[Callable[[], pa.Table | list[Any]], str, str]] = []  # (read, label, default data source)
+    for source in sources:
+        if allow_hub and _is_hub_id(source):
+            readers.append((partial(_read_hub, str(source), split), f"{source} (split {split!r})", str(source)))
+        else:
+            files = _local_files(source, suffixes)
+            readers.extend((partial(_read_local, file), str(file), file.stem) for file in files)
+    parts = [
+        _extract(read(), label, layout, default_data_source=default, prededuplicate=deduplicate)
+        for read, label, default in readers
+    ]
+    return _build_dataset(parts, layout, drop_invalid=drop_invalid, deduplicate=deduplicate)
 
 
 def _is_hub_id(source: str | os.PathLike) -> bool:
@@ -310,7 +306,9 @@ def _read_local(file: Path) -> pa.Table | list[Any]:
             if isinstance(data, dict) and len(data) == 1 and isinstance(next(iter(data.values())), list):
                 data = next(iter(data.values()))  # {"data": [...]}
             if not isinstance(data, list):
-                raise ValueError(f"'{file}': expected a JSON list of records (or JSON lines), got {type(data).__name__}")
+                raise ValueError(
+                    f"'{file}': expected a JSON list of records (or JSON lines), got {type(data).__name__}"
+                )
             return data
     records = []
     for number, line in enumerate(text.splitlines(), start=1):
@@ -324,8 +322,6 @@ def _read_local(file: Path) -> pa.Table | list[Any]:
 
 def _read_hub(hub_id: str, split: str) -> pa.Table:
     """Load one split of a Hub dataset as an Arrow table."""
-    import datasets
-
     try:
         dataset = datasets.load_dataset(hub_id, split=split)
     except Exception as error:
@@ -339,9 +335,6 @@ def _read_hub(hub_id: str, split: str) -> pa.Table:
 
 # --------------------------------------------------------------------------------------------------------------
 # Extracting the fields of every row
-
-
-_MISSING = object()
 
 
 @dataclass
@@ -361,26 +354,25 @@ class _Extracted:
 def _extract(
     data: pa.Table | list[Any],
     label: str,
+    layout: _Layout,
     *,
     default_data_source: str,
-    problem_field: str,
-    answer_field: str,
-    chat_prompt: bool,
-    id_field: str | None,
-    data_source: str | None,
     prededuplicate: bool,
-    missing_column_fix: str | None,
 ) -> _Extracted:
     """Pull the problem, answer, data source and id of every row out of a table or list of records.
 
-    With `chat_prompt`, `problem_field` names a veRL chat prompt: a list holding one user message whose
-    ``content`` is the problem. With `prededuplicate`, rows repeating an earlier row's raw problem and answer
-    are collapsed into it (vectorised, for the 1.79M-row DAPO copy); `counts` keeps how many rows each stands for.
+    With `prededuplicate`, rows repeating an earlier row's raw problem and answer are collapsed into it
+    (vectorised, for the 1.79M-row DAPO copy); `counts` keeps how many rows each entry stands for.
     """
     columns = _column_names(data)
-    for parameter, field in (("problem_field", problem_field), ("answer_field", answer_field), ("id_field", id_field)):
-        if field is not None and field.split(".")[0] not in columns:
-            fix = missing_column_fix or f"set {parameter} to the field that holds it (dotted paths reach nested fields)"
+    required = [("problem_field", layout.problem_field), ("answer_field", layout.answer_field)]
+    if layout.id_required:
+        required.append(("id_field", layout.id_field))
+    for parameter, field in required:
+        if field.split(".")[0] not in columns:
+            fix = layout.missing_column_fix or (
+                f"Set {parameter} to the field that holds it (dotted paths reach nested fields)"
+            )
             raise ValueError(
                 f"{label}: no column {field.split('.')[0]!r} (for {parameter}={field!r}); "
                 f"available columns: {sorted(columns)}. {fix}."
@@ -388,18 +380,14 @@ def _extract(
     num_rows = data.num_rows if isinstance(data, pa.Table) else len(data)
 
     bad_prompt_rows: set[int] = set()
-    if chat_prompt:
-        problems, bad_prompt_rows = _chat_content(data, problem_field)
+    if layout.chat_prompt:
+        problems, bad_prompt_rows = _chat_content(data, layout.problem_field)
     else:
-        problems = _field(data, problem_field)
-    answers = _field(data, answer_field)
-    ids = _field(data, id_field) if id_field is not None and id_field.split(".")[0] in columns else None
-    if data_source is not None:
-        data_sources = None
-    elif "data_source" in columns:
-        data_sources = _field(data, "data_source")
-    else:
-        data_sources, data_source = None, default_data_source
+        problems = _field(data, layout.problem_field)
+    answers = _field(data, layout.answer_field)
+    has_ids = layout.id_field is not None and layout.id_field.split(".")[0] in columns
+    ids = _field(data, layout.id_field) if has_ids else None
+    data_sources = _field(data, "data_source") if layout.data_source is None and "data_source" in columns else None
 
     rows = list(range(num_rows))
     counts = [1] * num_rows
@@ -425,13 +413,14 @@ def _extract(
     def problem_issue(row: int) -> str | None:
         if row not in bad_prompt_rows:
             return None
-        return _describe_chat_prompt(_python_field(_row(data, row), problem_field.split(".")))
+        return _describe_chat_prompt(_python_field(_row(data, row), layout.problem_field.split(".")))
 
+    fallback_source = layout.data_source or default_data_source
     return _Extracted(
         label=label,
         problems=as_list(problems),
         answers=as_list(answers),
-        data_sources=as_list(data_sources) if data_sources is not None else [data_source] * len(rows),
+        data_sources=[fallback_source if source is None else str(source) for source in as_list(data_sources)],
         ids=as_list(ids),
         rows=rows,
         counts=counts,
@@ -440,6 +429,7 @@ def _extract(
 
 
 def _column_names(data: pa.Table | list[Any]) -> set[str]:
+    """The top-level columns of a table, or the keys found in any of the records."""
     if isinstance(data, pa.Table):
         return set(data.column_names)
     return {key for record in data if isinstance(record, dict) for key in record}
@@ -472,6 +462,7 @@ def _field(data: pa.Table | list[Any], field: str) -> pa.ChunkedArray | list:
 
 
 def _python_field(value: Any, path: Sequence[str]) -> Any:
+    """Walk `path` (keys of dicts, indices of lists) into `value`; None where a step is missing."""
     for key in path:
         if isinstance(value, dict):
             value = value.get(key)
@@ -494,7 +485,7 @@ def _chat_content(data: pa.Table | list[Any], field: str) -> tuple[pa.ChunkedArr
         if (
             (pa.types.is_list(prompts.type) or pa.types.is_large_list(prompts.type))
             and pa.types.is_struct(prompts.type.value_type)
-            and {"role", "content"} <= {prompts.type.value_type.field(i).name for i in range(prompts.type.value_type.num_fields)}
+            and {"role", "content"} <= {child.name for child in prompts.type.value_type}
             and prompts.null_count == 0
             and len(prompts) > 0
             and pc.all(pc.equal(pc.list_value_length(prompts), 1)).as_py()
@@ -531,7 +522,9 @@ def _describe_chat_prompt(prompt: Any) -> str | None:
     return None
 
 
-def _first_of_exact_duplicates(problems: pa.ChunkedArray, answers: pa.ChunkedArray) -> tuple[list[int], list[int]] | None:
+def _first_of_exact_duplicates(
+    problems: pa.ChunkedArray, answers: pa.ChunkedArray
+) -> tuple[list[int], list[int]] | None:
     """Group rows with identical raw (problem, answer): each group's first row and size, in row order.
 
     Returns None where Arrow cannot group these types (the caller then handles every row in Python).
@@ -549,15 +542,7 @@ def _first_of_exact_duplicates(problems: pa.ChunkedArray, answers: pa.ChunkedArr
 # Validating rows and building the prompt dataset (shared by every loader)
 
 
-def _build_dataset(
-    parts: list[_Extracted],
-    *,
-    problem_field: str,
-    answer_field: str,
-    clean_problem: Callable[[str], str],
-    drop_invalid: bool,
-    deduplicate: bool,
-) -> Dataset:
+def _build_dataset(parts: list[_Extracted], layout: _Layout, *, drop_invalid: bool, deduplicate: bool) -> Dataset:
     """Validate every row, build its prompt, drop invalid rows / duplicates as asked, and make the Dataset."""
     columns: dict[str, list] = {"prompt": [], "solution": [], "problem": [], "data_source": [], "id": []}
     seen: set[tuple[str, str]] = set()
@@ -567,13 +552,16 @@ def _build_dataset(
         for problem, answer, data_source, row_id, row, count in zip(
             part.problems, part.answers, part.data_sources, part.ids, part.rows, part.counts
         ):
-            problem, problem_error = _clean_problem(problem, clean_problem)
+            problem, problem_error = _clean_problem(problem, layout.clean_problem)
             if problem_error is not None:
                 problem_error = part.problem_issue(row) or problem_error
             answer, answer_error = _clean_answer(answer)
-            error = (problem_field, problem_error) if problem_error is not None else (answer_field, answer_error)
-            if error[1] is not None:
-                message = f"{part.label}: row {row}: field {error[0]!r} {error[1]}"
+            if problem_error is not None:
+                field, error = layout.problem_field, problem_error
+            else:
+                field, error = layout.answer_field, answer_error
+            if error is not None:
+                message = f"{part.label}: row {row}: field {field!r} {error}"
                 if not drop_invalid:
                     raise ValueError(f"{message}. Fix the data, or {_DROP_HINT}.")
                 invalid += count
@@ -586,7 +574,6 @@ def _build_dataset(
                     continue
                 seen.add(key)
             duplicates += count - 1
-            data_source = str(data_source) if data_source is not None else Path(part.label).stem
             columns["prompt"].append(math_prompt(problem))
             columns["solution"].append(answer)
             columns["problem"].append(problem)
@@ -594,7 +581,9 @@ def _build_dataset(
             columns["id"].append(str(row_id) if row_id is not None else f"{data_source}-{row}")
     sources = ", ".join(part.label for part in parts)
     if invalid:
-        logger.warning("%s: dropped %d invalid row(s) (drop_invalid=True); the first: %s", sources, invalid, first_invalid)
+        logger.warning(
+            "%s: dropped %d invalid row(s) (drop_invalid=True); the first: %s", sources, invalid, first_invalid
+        )
     if deduplicate:
         logger.info(
             "%s: dropped %d duplicate row(s) (same problem and answer); %d unique problem(s) remain",

@@ -12,6 +12,7 @@ from pathlib import Path  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 import pytest  # noqa: E402
+from datasets import Dataset  # noqa: E402
 
 from stapo_trl import data as data_module  # noqa: E402
 from stapo_trl.data import (  # noqa: E402
@@ -196,6 +197,20 @@ def test_load_dapo_math_rejects_a_prompt_that_is_not_one_user_message(tmp_path):
     assert load_dapo_math(path, drop_invalid=True)["problem"] == [P2]
 
 
+def test_hub_id_goes_through_datasets_load_dataset(monkeypatch):
+    calls = []
+
+    def fake_load_dataset(path, split=None, **kwargs):
+        calls.append((path, split))
+        return Dataset.from_list([dapo_row(P1, "24", "a"), dapo_row(P1, "24", "b"), dapo_row(P2, "9", "c")])
+
+    monkeypatch.setattr("datasets.load_dataset", fake_load_dataset)
+    dataset = load_dapo_math(split="train")
+    assert calls == [("BytedTsinghua-SIA/DAPO-Math-17k", "train")]
+    assert dataset["problem"] == [P1, P2]
+    assert dataset["id"] == ["a", "c"]
+
+
 def test_hub_id_offline_fails_with_a_message_naming_the_id():
     with pytest.raises(OSError, match="BytedTsinghua-SIA/DAPO-Math-17k"):
         load_dapo_math()
@@ -216,6 +231,18 @@ def test_load_verl_parquet_unwraps_boxed_answers_and_keeps_ids(tmp_path):
     assert dataset["solution"] == ["204", "\\frac{1}{2}", "17"]
     assert dataset["id"] == ["AIME24-0", "AIME24-1", "AIME24-2"]  # a missing index falls back to source-row
     assert dataset[0]["prompt"] == [{"role": "user", "content": f"Find $x$. {MATH_INSTRUCTION}"}]
+
+
+def test_load_verl_parquet_needs_only_prompt_and_answer_columns(tmp_path):
+    rows = [{"prompt": [{"content": "Q0", "role": "user"}], "reward_model": {"ground_truth": "1"}}]
+    dataset = load_verl_parquet(write_parquet(tmp_path / "minimal.parquet", rows))
+    assert dataset[0] == {
+        "prompt": [{"role": "user", "content": f"Q0 {MATH_INSTRUCTION}"}],
+        "solution": "1",
+        "problem": "Q0",
+        "data_source": "minimal",
+        "id": "minimal-0",
+    }
 
 
 def test_load_verl_parquet_concatenates_files_and_keeps_their_data_source(tmp_path):
@@ -303,7 +330,8 @@ BAD_ROWS = [
 
 @pytest.mark.parametrize(("bad", "field", "reason"), BAD_ROWS)
 def test_bad_row_raises_naming_source_row_and_field(tmp_path, bad, field, reason):
-    path = write_jsonl(tmp_path / "bad.jsonl", [{"problem": "Q0", "answer": "0"}, {"problem": "Q1", "answer": "1"}, bad])
+    good = [{"problem": "Q0", "answer": "0"}, {"problem": "Q1", "answer": "1"}]
+    path = write_jsonl(tmp_path / "bad.jsonl", good + [bad])
     with pytest.raises(ValueError) as error:
         load_math_dataset(path)
     message = str(error.value)
@@ -343,9 +371,10 @@ def test_only_invalid_rows_is_an_error_even_when_dropping(tmp_path):
 
 def test_missing_column_lists_the_available_columns_and_the_parameter(tmp_path):
     path = write_jsonl(tmp_path / "custom.jsonl", [{"question": "Q", "gold": "1"}])
-    with pytest.raises(ValueError, match=r"no column 'problem' \(for problem_field='problem'\).*\['gold', 'question'\]"):
+    expected = r"no column 'problem' \(for problem_field='problem'\); available columns: \['gold', 'question'\]"
+    with pytest.raises(ValueError, match=expected):
         load_math_dataset(path)
-    with pytest.raises(ValueError, match=r"no column 'answer' \(for answer_field='answer'\).*set answer_field"):
+    with pytest.raises(ValueError, match=r"no column 'answer' \(for answer_field='answer'\).*Set answer_field"):
         load_math_dataset(path, problem_field="question")
 
 
