@@ -19,8 +19,8 @@ class STAPOConfig(GRPOConfig):
     Among the loss tokens of positive-advantage completions whose probability is below τ_p (the *candidates*), S2T
     silences those whose entropy is below the q-quantile of the candidates' entropies: they leave the loss and the
     normalizer. On top of that, the defaults are the paper's training setting (§5.1, App. 10, the JustRL setting) where
-    GRPOConfig differs: DAPO token-level normalization (`loss_type="dapo"`), clip-higher (ε_low 0.2, ε_high 0.28), no
-    KL (`beta=0`), constant learning rate 1e-6 after 10 warm-up steps, AdamW weight decay 0.1, gradient clipping 1.0,
+    GRPOConfig differs: DAPO token-level normalization (`loss_type="dapo"`), clip-higher (ε_low 0.2, ε_high 0.28),
+    JustRL's dual-clip c = 10 (`delta=10`), no KL (`beta=0`), constant learning rate 1e-6 after 10 warm-up steps, AdamW weight decay 0.1, gradient clipping 1.0,
     G = 8 completions per prompt sampled at temperature 1.0 / top-p 1.0.
 
     Parameters:
@@ -65,6 +65,13 @@ class STAPOConfig(GRPOConfig):
     )
     epsilon: float = field(default=0.2, metadata={"help": "ε_low of the clipped ratio (paper: 0.2)."})
     epsilon_high: float = field(default=0.28, metadata={"help": "ε_high, DAPO's clip-higher (paper: 0.28)."})
+    delta: float | None = field(
+        default=10.0,
+        metadata={
+            "help": "Dual-clip c of the JustRL setting (paper: 10): TRL's two-sided clipping caps the ratio at delta, "
+            "bounding the loss of negative-advantage tokens by c·|Â|. None disables it."
+        },
+    )
     beta: float = field(default=0.0, metadata={"help": "KL coefficient β. The paper uses no KL term (0.0)."})
     learning_rate: float = field(default=1e-6, metadata={"help": "AdamW learning rate (paper: constant 1e-6)."})
     lr_scheduler_type: str = field(

@@ -16,8 +16,9 @@ METHODS: dict[str, dict] = {
     "random_mask": {"spurious_mask_mode": "random"},
     # 20-Entropy: update only the top 20% highest-entropy tokens (TRL's top_entropy_quantile).
     "20_entropy": {"spurious_mask_mode": "none", "top_entropy_quantile": 0.2},
-    # GRPO as in DeepSeekMath: per-sequence mean, symmetric clip ε = 0.2, KL β = 0.04 to the initial policy.
-    "grpo": {"spurious_mask_mode": "none", "loss_type": "grpo", "epsilon_high": 0.2, "beta": 0.04},
+    # GRPO as in DeepSeekMath: per-sequence mean, symmetric clip ε = 0.2, no dual-clip, KL β = 0.04 to the initial
+    # policy.
+    "grpo": {"spurious_mask_mode": "none", "loss_type": "grpo", "epsilon_high": 0.2, "delta": None, "beta": 0.04},
 }
 
 

@@ -16,7 +16,7 @@ def test_paper_defaults():
     assert args.spurious_prob_threshold == 0.002
     assert args.spurious_entropy_quantile == 0.75
     assert args.spurious_mask_mode == "low_entropy"
-    assert (args.loss_type, args.epsilon, args.epsilon_high, args.beta) == ("dapo", 0.2, 0.28, 0.0)
+    assert (args.loss_type, args.epsilon, args.epsilon_high, args.delta, args.beta) == ("dapo", 0.2, 0.28, 10.0, 0.0)
     assert args.learning_rate == 1e-6 and args.warmup_steps == 10 and args.weight_decay == 0.1
     assert args.lr_scheduler_type == "constant_with_warmup"
     assert args.max_grad_norm == 1.0 and args.num_generations == 8
