@@ -33,6 +33,10 @@ class STAPOConfig(GRPOConfig):
             `"low_entropy"` (STAPO), `"high_entropy"` (silence candidates above the (1 - q)-quantile; ablation of
             Fig. 8), `"random"` (silence each candidate with probability q; ablation), `"all"` (every candidate:
             JustRL-FullMask), `"none"` (plain DAPO/JustRL baseline, identical to GRPOTrainer).
+        spurious_trace (`bool`, defaults to `False`):
+            Write the silenced tokens and a sample of the kept candidates, with context and top-k alternatives, to
+            `<output_dir>/spurious_trace/rank-<i>.jsonl` (see `stapo_trl.diagnostics.trace`). Bounded per
+            micro-batch by `spurious_trace_max_silenced` and `spurious_trace_max_kept`.
     """
 
     spurious_prob_threshold: float = field(
@@ -57,6 +61,24 @@ class STAPOConfig(GRPOConfig):
             "choices": list(MASK_MODES),
         },
     )
+
+    spurious_trace: bool = field(
+        default=False,
+        metadata={
+            "help": "Write a trace of the silenced tokens (and a sample of kept candidates) with probability, entropy, "
+            "advantage, context and top-k alternatives to <output_dir>/spurious_trace/rank-<i>.jsonl."
+        },
+    )
+    spurious_trace_max_silenced: int = field(
+        default=64, metadata={"help": "Trace at most this many silenced tokens per micro-batch and process."}
+    )
+    spurious_trace_max_kept: int = field(
+        default=16, metadata={"help": "Trace at most this many kept candidates per micro-batch and process."}
+    )
+    spurious_trace_context_tokens: int = field(
+        default=32, metadata={"help": "Completion tokens of context traced on each side of a token."}
+    )
+    spurious_trace_top_k: int = field(default=5, metadata={"help": "Alternatives traced per token (paper: top-5)."})
 
     # GRPOConfig fields whose defaults differ in the paper's setting (§5.1, App. 10, Table 4)
     loss_type: str = field(
@@ -101,6 +123,11 @@ class STAPOConfig(GRPOConfig):
             )
         if self.spurious_mask_mode not in MASK_MODES:
             raise ValueError(f"spurious_mask_mode must be one of {MASK_MODES}, got {self.spurious_mask_mode!r}.")
+        for name in ("spurious_trace_max_silenced", "spurious_trace_max_kept", "spurious_trace_context_tokens"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}.")
+        if self.spurious_trace_top_k < 1:
+            raise ValueError(f"spurious_trace_top_k must be >= 1, got {self.spurious_trace_top_k}.")
         if self.use_liger_kernel:
             raise ValueError(
                 "use_liger_kernel=True computes the GRPO loss inside the Liger kernel, where the S2T mask cannot be "

@@ -1,12 +1,14 @@
 """STAPOTrainer: TRL's GRPOTrainer whose loss leaves out the tokens the S2T mask silences (paper Eq. 6)."""
 
 import textwrap
+import time
 
 import torch
 from trl import GRPOTrainer
 from trl.trainer.utils import get_config_model_id, nanmax, nanmin
 
 from .config import STAPOConfig
+from .diagnostics.trace import SpuriousTokenTracer
 from .s2t import masked_quantile, spurious_token_mask
 
 # Entropy quantiles of the loss tokens logged every step, as in the paper's Fig. 5d.
@@ -65,6 +67,18 @@ class STAPOTrainer(GRPOTrainer):
             args = STAPOConfig(f"{model_name.split('/')[-1]}-STAPO")
         super().__init__(model, reward_funcs, args, *other_args, **kwargs)
         self._random_mask_generator = None
+        self._tracer = None
+        if args.spurious_trace:
+            self._tracer = SpuriousTokenTracer(
+                args.output_dir,
+                self.accelerator.process_index,
+                self.processing_class,
+                temperature=args.temperature,
+                max_silenced=args.spurious_trace_max_silenced,
+                max_kept=args.spurious_trace_max_kept,
+                context_tokens=args.spurious_trace_context_tokens,
+                top_k=args.spurious_trace_top_k,
+            )
 
     def _gather_candidate_entropies(self, entropies: torch.Tensor) -> torch.Tensor:
         """All-gather a variable-length 1-D tensor of entropies (>= 0) from every process."""
@@ -72,9 +86,10 @@ class STAPOTrainer(GRPOTrainer):
         gathered = self.accelerator.gather(self.accelerator.pad_across_processes(entropies, dim=0, pad_index=pad_value))
         return gathered[gathered != pad_value]
 
-    def _spurious_mask_and_log(self, per_token_logps, entropies, advantages, mask, mode: str) -> torch.Tensor:
+    def _spurious_mask_and_log(self, model, inputs, per_token_logps, entropies, advantages, mask, mode: str):
         """Compute the S2T mask of this micro-batch, log its metrics, and return (silenced, loss-token keep ratio)."""
         args = self.args
+        timer = _Timer(per_token_logps.device)
         if args.spurious_mask_mode == "random" and self._random_mask_generator is None:
             self._random_mask_generator = torch.Generator(device=per_token_logps.device)
             self._random_mask_generator.manual_seed(args.seed + self.accelerator.process_index)
@@ -90,6 +105,7 @@ class STAPOTrainer(GRPOTrainer):
             gather=self._gather_candidate_entropies if self.accelerator.num_processes > 1 else None,
             return_details=True,
         )
+        timer.stop()
         # One all-gather for the counts (summed) and the entropy quantiles (averaged over processes).
         local_quantiles = masked_quantile(entropies.detach(), mask.bool(), list(ENTROPY_QUANTILES.values()))
         local_counts = torch.stack([mask.sum(), candidates.sum(), silenced.sum()]).float()
@@ -105,6 +121,12 @@ class STAPOTrainer(GRPOTrainer):
         metrics["spurious/entropy_threshold"].append(entropy_threshold.item())
         for name, quantile in zip(ENTROPY_QUANTILES, per_process[:, 3:].nanmean(0).tolist(), strict=True):
             metrics[f"entropy/{name}"].append(quantile)
+        metrics["spurious/mask_time_ms"].append(timer.milliseconds())
+        if self._tracer is not None and mode == "train":  # step: the optimizer step being built, as in the logs
+            self._tracer.record(
+                self.state.global_step + 1, model, inputs, per_token_logps.detach(), entropies.detach(), advantages,
+                silenced, candidates, entropy_threshold,
+            )  # fmt: skip
         return silenced, keep_ratio
 
     # The body below is GRPOTrainer._compute_loss of TRL 1.16 (the pinned range) restricted to what STAPOConfig
@@ -141,7 +163,9 @@ class STAPOTrainer(GRPOTrainer):
             advantages = advantages.unsqueeze(1)
 
         # --- S2T: silenced tokens leave the loss mask (no gradient, not counted) ---
-        silenced, keep_ratio = self._spurious_mask_and_log(per_token_logps, entropies, advantages, mask, mode)
+        silenced, keep_ratio = self._spurious_mask_and_log(
+            model, inputs, per_token_logps, entropies, advantages, mask, mode
+        )
         mask = mask * ~silenced
 
         if self.top_entropy_quantile < 1.0:
@@ -229,3 +253,26 @@ class STAPOTrainer(GRPOTrainer):
         gathered_high_clip = self.accelerator.gather(masked_seq_mean(is_high_clipped.float()))
         self._metrics[mode]["clip_ratio/high_max"].append(nanmax(gathered_high_clip).item())
         return loss
+
+
+class _Timer:
+    """Wall time of device work: CUDA events on a GPU (read after a later sync, so timing adds none), else a clock."""
+
+    def __init__(self, device: torch.device):
+        self.events = None
+        if device.type == "cuda":
+            self.events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            self.events[0].record()
+        else:
+            self.start = time.perf_counter()
+
+    def stop(self):
+        if self.events is not None:
+            self.events[1].record()
+        else:
+            self.elapsed = time.perf_counter() - self.start
+
+    def milliseconds(self) -> float:
+        if self.events is not None:
+            return self.events[0].elapsed_time(self.events[1])  # the metrics' .item() calls have synced already
+        return self.elapsed * 1000.0

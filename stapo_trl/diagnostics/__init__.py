@@ -1,0 +1,1 @@
+"""Seeing the spurious tokens: token traces written during training, and tools that read them."""

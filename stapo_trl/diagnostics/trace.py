@@ -1,0 +1,97 @@
+"""Token traces: which tokens S2T silenced (and a sample of the candidates it kept), with their context.
+
+Opt in with `STAPOConfig(spurious_trace=True)`. Every process appends to its own file,
+`<output_dir>/spurious_trace/rank-<process index>.jsonl`, one JSON object per traced token:
+
+    step (the optimizer step, numbered as in the logs), rank, status ("silenced" | "kept"), sample (row of the micro-batch), position (index in the completion),
+    token_id, token, probability, entropy, advantage, entropy_threshold, context_before, context_after,
+    top_alternatives ([{"token", "token_id", "probability"}, ...], the policy's top-k at that position)
+
+Per micro-batch at most `spurious_trace_max_silenced` silenced tokens and `spurious_trace_max_kept` kept candidates
+are written (a random sample when there are more), so a trace grows by a bounded amount per step. The top-k
+alternatives need the full next-token distribution at the traced positions, which the loss does not keep: the
+tracer recomputes the logits of the traced rows in one extra no-grad forward pass, on every process even when it
+has nothing to trace (under FSDP a forward is a collective). With tracing off, nothing here runs.
+"""
+
+import json
+import os
+
+import torch
+
+TRACE_DIRNAME = "spurious_trace"
+
+
+class SpuriousTokenTracer:
+    def __init__(
+        self, output_dir, process_index, tokenizer, temperature=1.0, max_silenced=64, max_kept=16, context_tokens=32,
+        top_k=5,
+    ):  # fmt: skip
+        self.directory = os.path.join(output_dir, TRACE_DIRNAME)
+        os.makedirs(self.directory, exist_ok=True)
+        self.path = os.path.join(self.directory, f"rank-{process_index}.jsonl")
+        self.rank = process_index
+        self.tokenizer = tokenizer
+        self.temperature = temperature
+        self.max_silenced, self.max_kept = max_silenced, max_kept
+        self.context_tokens, self.top_k = context_tokens, top_k
+        self.generator = torch.Generator().manual_seed(process_index)
+
+    def _sample(self, mask: torch.Tensor, limit: int) -> torch.Tensor:
+        positions = mask.nonzero().cpu()
+        if len(positions) > limit:
+            positions = positions[torch.randperm(len(positions), generator=self.generator)[:limit]]
+        return positions
+
+    @torch.no_grad()
+    def record(self, step, model, inputs, per_token_logps, entropies, advantages, silenced, candidates, threshold):
+        """Append the traced tokens of one micro-batch to this process's file."""
+        traced = [("silenced", p) for p in self._sample(silenced, self.max_silenced)]
+        traced += [("kept", p) for p in self._sample(candidates & ~silenced, self.max_kept)]
+        rows = sorted({int(position[0]) for _, position in traced}) or [0]
+        top_probabilities, top_ids = self._top_alternatives(model, inputs, rows)
+        if not traced:
+            return
+        completion_ids = inputs["completion_ids"]
+        advantages = advantages.expand_as(per_token_logps)
+        threshold = float(threshold)
+        with open(self.path, "a") as trace_file:
+            for status, (row, column) in traced:
+                row, column = int(row), int(column)
+                ids = completion_ids[row].tolist()
+                start, end = max(0, column - self.context_tokens), column + 1 + self.context_tokens
+                record = {
+                    "step": step,
+                    "rank": self.rank,
+                    "status": status,
+                    "sample": row,
+                    "position": column,
+                    "token_id": ids[column],
+                    "token": self.tokenizer.decode([ids[column]]),
+                    "probability": float(per_token_logps[row, column].exp()),
+                    "entropy": float(entropies[row, column]),
+                    "advantage": float(advantages[row, column]),
+                    "entropy_threshold": threshold if threshold == threshold else None,  # NaN is not JSON
+                    "context_before": self.tokenizer.decode(ids[start:column], skip_special_tokens=True),
+                    "context_after": self.tokenizer.decode(ids[column + 1 : end], skip_special_tokens=True),
+                    "top_alternatives": [
+                        {"token": self.tokenizer.decode([token_id]), "token_id": token_id, "probability": probability}
+                        for token_id, probability in zip(
+                            top_ids[rows.index(row), column].tolist(),
+                            top_probabilities[rows.index(row), column].tolist(),
+                            strict=True,
+                        )
+                    ],
+                }
+                trace_file.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+    def _top_alternatives(self, model, inputs, rows):
+        """Top-k probabilities and token ids at every completion position of the given rows."""
+        prompt_ids, completion_ids = inputs["prompt_ids"][rows], inputs["completion_ids"][rows]
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        attention_mask = torch.cat([inputs["prompt_mask"][rows], inputs["completion_mask"][rows]], dim=1)
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
+        # Position t - 1 predicts completion token t; the policy samples (and the loss scores) at the temperature.
+        logits = logits[:, prompt_ids.size(1) - 1 : -1].float() / self.temperature
+        probabilities, token_ids = logits.softmax(-1).topk(self.top_k, dim=-1)
+        return probabilities.cpu(), token_ids.cpu()
