@@ -124,7 +124,7 @@ class STAPOTrainer(GRPOTrainer):
         metrics["spurious/mask_time_ms"].append(timer.milliseconds())
         if self._tracer is not None and mode == "train":  # step: the optimizer step being built, as in the logs
             self._tracer.record(
-                self.state.global_step + 1, model, inputs, per_token_logps.detach(), entropies.detach(), advantages,
+                self.state.global_step + 1, self._step, model, inputs, per_token_logps.detach(), entropies.detach(), advantages,
                 silenced, candidates, entropy_threshold,
             )  # fmt: skip
         return silenced, keep_ratio

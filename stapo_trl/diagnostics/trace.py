@@ -3,7 +3,9 @@
 Opt in with `STAPOConfig(spurious_trace=True)`. Every process appends to its own file,
 `<output_dir>/spurious_trace/rank-<process index>.jsonl`, one JSON object per traced token:
 
-    step (the optimizer step, numbered as in the logs), rank, status ("silenced" | "kept"), sample (row of the micro-batch), position (index in the completion),
+    step (the optimizer step, numbered as in the logs), micro_batch (micro-batches seen by this process, counting
+    from 0: several share a step under gradient accumulation), rank, status ("silenced" | "kept"), sample (row of the
+    micro-batch), position (index in the completion),
     token_id, token, probability, entropy, advantage, entropy_threshold, context_before, context_after,
     top_alternatives ([{"token", "token_id", "probability"}, ...], the policy's top-k at that position)
 
@@ -44,7 +46,7 @@ class SpuriousTokenTracer:
         return positions
 
     @torch.no_grad()
-    def record(self, step, model, inputs, per_token_logps, entropies, advantages, silenced, candidates, threshold):
+    def record(self, step, micro_batch, model, inputs, per_token_logps, entropies, advantages, silenced, candidates, threshold):
         """Append the traced tokens of one micro-batch to this process's file."""
         traced = [("silenced", p) for p in self._sample(silenced, self.max_silenced)]
         traced += [("kept", p) for p in self._sample(candidates & ~silenced, self.max_kept)]
@@ -62,6 +64,7 @@ class SpuriousTokenTracer:
                 start, end = max(0, column - self.context_tokens), column + 1 + self.context_tokens
                 record = {
                     "step": step,
+                    "micro_batch": micro_batch,
                     "rank": self.rank,
                     "status": status,
                     "sample": row,
