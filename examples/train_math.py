@@ -65,6 +65,25 @@ class MathScriptArguments:
     )
     heldout_max_problems: int | None = field(default=200, metadata={"help": "Evaluate on at most this many problems."})
     heldout_num_samples: int = field(default=4, metadata={"help": "Samples per held-out problem (avg@N)."})
+    eval_benchmark: str | None = field(
+        default=None,
+        metadata={
+            "help": "Benchmark to measure during training (paper Fig. 5a), e.g. AIME24: a stapo_trl.evaluation "
+            "registry name or NAME=SOURCE[,problem=F,answer=F]. Logged as eval/<benchmark>/avg@<k>."
+        },
+    )
+    eval_benchmarks_dir: str | None = field(
+        default=None,
+        metadata={"help": "Directory of the veRL benchmark files (e.g. ../shared/data/math_eval); default: Hub."},
+    )
+    eval_every_steps: int = field(default=50, metadata={"help": "Evaluate eval_benchmark every N optimizer steps."})
+    eval_num_samples: int = field(default=4, metadata={"help": "Samples per problem for eval_benchmark (avg@k)."})
+    eval_max_problems: int | None = field(default=None, metadata={"help": "Only the first K problems (default: all)."})
+    eval_preset: str = field(
+        default="t1.0", metadata={"help": "Decoding: t1.0 (T=1.0, top-p 1.0), t0.7 (T=0.7, top-p 0.9) or T:top_p."}
+    )
+    eval_max_new_tokens: int | None = field(default=None, metadata={"help": "Default: max_completion_length."})
+    eval_benchmark_on_start: bool = field(default=True, metadata={"help": "Also evaluate before the first step."})
 
 
 def make_parser() -> TrlParser:
@@ -158,6 +177,23 @@ def main(script_args: MathScriptArguments, training_args: STAPOConfig, model_arg
         train_dataset=train_dataset,
         peft_config=get_peft_config(model_args),
     )
+    if script_args.eval_benchmark:
+        from stapo_trl.evaluation import BenchmarkEvalCallback
+
+        trainer.add_callback(
+            BenchmarkEvalCallback(
+                script_args.eval_benchmark,
+                every_n_steps=script_args.eval_every_steps,
+                num_samples=script_args.eval_num_samples,
+                max_problems=script_args.eval_max_problems,
+                preset=script_args.eval_preset,
+                benchmarks_dir=script_args.eval_benchmarks_dir,
+                max_new_tokens=script_args.eval_max_new_tokens,
+                seed=training_args.seed,
+                eval_on_start=script_args.eval_benchmark_on_start,
+                trainer=trainer,
+            )
+        )
     accelerator = trainer.accelerator
     accelerator.print(
         f"Method {script_args.method}: spurious_mask_mode={training_args.spurious_mask_mode}, "

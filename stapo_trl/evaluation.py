@@ -130,7 +130,12 @@ class Preset:
 
     @property
     def label(self) -> str:
-        return f"T = {self.temperature:g}, top-p = {self.top_p:g}"
+        return f"T = {_decimal(self.temperature)}, top-p = {_decimal(self.top_p)}"
+
+
+def _decimal(value: float) -> str:
+    """1 -> "1.0", 0.95 -> "0.95": how the paper writes decoding settings."""
+    return f"{value:.1f}" if float(value).is_integer() else f"{value:g}"
 
 
 #: The paper's two decodings: training-aligned T=1.0 / top-p 1.0, and JustRL's default T=0.7 / top-p 0.9.
@@ -313,12 +318,19 @@ class SeededSampler(LogitsProcessor):
     noise at step ``t`` depends only on ``seeds[i]`` and ``t``, so a sample is the same whatever batch it is in.
     """
 
-    def __init__(self, seeds: Sequence[int], temperature: float, top_p: float, device: torch.device | str):
+    def __init__(self, seeds: Sequence[int], temperature: float, top_p: float):
+        if temperature <= 0:
+            raise ValueError("SeededSampler samples: temperature must be > 0 (greedy decoding needs no sampler)")
+        self.seeds = [int(seed) for seed in seeds]
         self.temperature = temperature
         self.top_p = top_p
-        self.generators = [torch.Generator(device=device).manual_seed(int(seed)) for seed in seeds]
+        self.generators: list[torch.Generator] | None = None  # made on the device of the logits, at the first step
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if self.generators is None:
+            if len(self.seeds) != scores.shape[0]:
+                raise ValueError(f"{len(self.seeds)} seeds for a batch of {scores.shape[0]} rows")
+            self.generators = [torch.Generator(device=scores.device).manual_seed(seed) for seed in self.seeds]
         scores = scores.float() / self.temperature
         if self.top_p < 1.0:
             sorted_scores, sorted_indices = torch.sort(scores, descending=False)
@@ -384,7 +396,7 @@ def generate_seeded(
         texts = _chat_texts(tokenizer, prompts)
         batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
         eos_ids = _eos_token_ids(model, tokenizer)
-        processors = [SeededSampler(seeds, temperature, top_p, model.device)] if temperature > 0 else []
+        processors = [SeededSampler(seeds, temperature, top_p)] if temperature > 0 else []
         output = model.generate(
             **batch,
             do_sample=False,
@@ -735,21 +747,23 @@ def evaluate(model_path: str, config: EvalConfig) -> dict[str, Any]:
                     record = done.get((benchmark.name, preset.name, problem_id, index))
                     if record is not None and _is_done(record, preset, config.retry_errors):
                         continue
-                    requests.append(
-                        _Request(benchmark.name, preset, problem_id, index, prompt, gold, sample_seed(
-                            config.seed, benchmark.name, problem_id, index
-                        ))
-                    )
-    total = sum(
-        len(plan.benchmarks[name]["problem_ids"]) * plan.benchmarks[name]["num_samples"] for name in plan.benchmarks
-    ) * len(presets)
+                    seed = sample_seed(config.seed, benchmark.name, problem_id, index)
+                    requests.append(_Request(benchmark.name, preset, problem_id, index, prompt, gold, seed))
+    total = len(presets) * sum(len(spec["problem_ids"]) * spec["num_samples"] for spec in plan.benchmarks.values())
     logger.info("%s: %d of %d samples to generate (%s)", model_name, len(requests), total, output_dir)
     if requests:
         backend = make_backend(model_path, config)
-        batch_size = config.batch_size or backend.default_batch_size
-        _run_requests(backend, requests, batch_size, samples_path, config)
-    summary = summarize(output_dir)
-    return summary
+        try:
+            batch_size = config.batch_size or backend.default_batch_size
+            _run_requests(backend, requests, batch_size, samples_path, config)
+        finally:  # free the device for the next model of the same process
+            del backend
+            import gc
+
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+    return summarize(output_dir)
 
 
 @dataclass
@@ -1122,8 +1136,10 @@ class BenchmarkEvalCallback(TrainerCallback):
             f"{self.metric_prefix}/seconds": time.monotonic() - started,
         }
         state.log_history.append({**metrics, "step": state.global_step})
-        if self.trainer is not None:
-            control = self.trainer.callback_handler.on_log(args, state, control, logs=metrics)
+        if self.trainer is not None:  # the loggers (trackio, wandb...) and the progress bar
+            should_log = control.should_log  # the handler's on_log clears it: the step's own log must still happen
+            control = self.trainer.callback_handler.on_log(args, state, control, logs=dict(metrics))
+            control.should_log = should_log
         return control
 
     def _generation_model(self, model):
@@ -1171,7 +1187,8 @@ class BenchmarkEvalCallback(TrainerCallback):
         shard = requests[rank::world]
         real = len(shard)
         shard += [requests[0]] * (math.ceil(len(requests) / world) - real)  # equal generate calls on every process
-        results = []
+        texts: list[str | None] = []
+        lengths: list[int | None] = []
         for start in range(0, len(shard), self.batch_size):
             batch = shard[start : start + self.batch_size]
             try:
@@ -1184,19 +1201,19 @@ class BenchmarkEvalCallback(TrainerCallback):
                     top_p=self.preset.top_p,
                     max_new_tokens=max_new_tokens,
                 )
-                texts = [generation.text for generation in generations]
-                lengths = [generation.num_tokens for generation in generations]
+                texts += [generation.text for generation in generations]
+                lengths += [generation.num_tokens for generation in generations]
             except Exception as error:  # counted as incorrect, like a failed sample of `evaluate`
                 logger.warning("in-training evaluation: generation failed for a batch: %r", error)
-                texts, lengths = [None] * len(batch), [None] * len(batch)
-            results += list(zip([problem_id for problem_id, _, _, _ in batch], texts, [g for _, _, g, _ in batch], lengths))
-        results = results[:real]
-        graded_texts = [(i, text, gold) for i, (_, text, gold, _) in enumerate(results) if text is not None]
-        grades = grade_completions([text for _, text, _ in graded_texts], [gold for _, _, gold in graded_texts])
-        correct = [False] * len(results)
-        for (i, _, _), grade in zip(graded_texts, grades):
+                texts += [None] * len(batch)
+                lengths += [None] * len(batch)
+        shard, texts, lengths = shard[:real], texts[:real], lengths[:real]
+        generated = [i for i, text in enumerate(texts) if text is not None]
+        grades = grade_completions([texts[i] for i in generated], [shard[i][2] for i in generated])
+        correct = [False] * real
+        for i, grade in zip(generated, grades):
             correct[i] = grade["correct"]
-        local = [(problem_id, correct[i], length) for i, (problem_id, _, _, length) in enumerate(results)]
+        local = [(problem_id, correct[i], lengths[i]) for i, (problem_id, _, _, _) in enumerate(shard)]
         if not distributed:
             return local
         gathered: list[Any] = [None] * world
