@@ -11,6 +11,7 @@
 """
 
 import argparse
+import json
 import sys
 import time
 from dataclasses import dataclass, field
@@ -195,8 +196,9 @@ def main(script_args: MathScriptArguments, training_args: STAPOConfig, model_arg
             )
         )
     accelerator = trainer.accelerator
+    processes = f"{accelerator.num_processes} process" + ("es" if accelerator.num_processes > 1 else "")
     accelerator.print(
-        f"Method {script_args.method}: spurious_mask_mode={training_args.spurious_mask_mode}, "
+        f"Method {script_args.method} ({processes}): spurious_mask_mode={training_args.spurious_mask_mode}, "
         f"τ_p={training_args.spurious_prob_threshold}, q={training_args.spurious_entropy_quantile}, "
         f"loss_type={training_args.loss_type}; {len(train_dataset)} training problems."
     )
@@ -208,8 +210,10 @@ def main(script_args: MathScriptArguments, training_args: STAPOConfig, model_arg
 
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     trainer.save_model(training_args.output_dir)
+    trainer.save_state()  # trainer_state.json beside the model: the logs that `stapo-report plots` reads
     accelerator.print(f"Model saved to {Path(training_args.output_dir).resolve()}")
 
+    results = {"method": script_args.method, "seed": training_args.seed, "steps": trainer.state.global_step}
     if script_args.heldout_dataset:
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
@@ -218,10 +222,14 @@ def main(script_args: MathScriptArguments, training_args: STAPOConfig, model_arg
                 f"Held-out accuracy ({script_args.heldout_num_samples} samples per problem, "
                 f"T={training_args.temperature}): before {accuracy_before:.3f}, after {accuracy_after:.3f}"
             )
+            results.update(heldout_accuracy_before=accuracy_before, heldout_accuracy_after=accuracy_after)
     if training_args.push_to_hub:
         trainer.push_to_hub(dataset_name=script_args.dataset_name)
         accelerator.print(f"Pushed to the Hub: {trainer.hub_model_id}")
-    accelerator.print(f"Done in {time.perf_counter() - start:.0f} s.")
+    results["seconds"] = round(time.perf_counter() - start, 1)
+    if accelerator.is_main_process:
+        (Path(training_args.output_dir) / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    accelerator.print(f"Done in {results['seconds']:.0f} s.")
     trainer.end()
 
 
