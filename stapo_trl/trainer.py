@@ -110,22 +110,25 @@ class STAPOTrainer(GRPOTrainer):
         local_quantiles = masked_quantile(entropies.detach(), mask.bool(), list(ENTROPY_QUANTILES.values()))
         local_counts = torch.stack([mask.sum(), candidates.sum(), silenced.sum()]).float()
         per_process = self.accelerator.gather(torch.cat([local_counts, local_quantiles]).unsqueeze(0))
-        num_loss, num_candidates, num_silenced = per_process[:, :3].sum(0)
+        totals = per_process[:, :3].sum(0)
+        num_loss, num_silenced = totals[0], totals[2]
         keep_ratio = (num_loss - num_silenced).clamp(min=1.0) / num_loss.clamp(min=1.0)
 
-        num_loss_, num_candidates_, num_silenced_ = (num_loss.item(), num_candidates.item(), num_silenced.item())
+        # Everything logged comes to the host in one read.
+        host = torch.cat([totals, entropy_threshold.reshape(1).float(), per_process[:, 3:].nanmean(0)]).tolist()
+        (num_loss_, num_candidates_, num_silenced_, threshold_), quantiles = host[:4], host[4:]
         metrics = self._metrics[mode]
         metrics["spurious/silenced_ratio"].append(num_silenced_ / max(num_loss_, 1.0))
         metrics["spurious/candidate_ratio"].append(num_candidates_ / max(num_loss_, 1.0))
         metrics["spurious/silenced_count"].append(num_silenced_)
-        metrics["spurious/entropy_threshold"].append(entropy_threshold.item())
-        for name, quantile in zip(ENTROPY_QUANTILES, per_process[:, 3:].nanmean(0).tolist(), strict=True):
+        metrics["spurious/entropy_threshold"].append(threshold_)
+        for name, quantile in zip(ENTROPY_QUANTILES, quantiles, strict=True):
             metrics[f"entropy/{name}"].append(quantile)
         metrics["spurious/mask_time_ms"].append(timer.milliseconds())
         if self._tracer is not None and mode == "train":  # step: the optimizer step being built, as in the logs
             self._tracer.record(
-                self.state.global_step + 1, self._step, model, inputs, per_token_logps.detach(), entropies.detach(), advantages,
-                silenced, candidates, entropy_threshold,
+                self.state.global_step + 1, self._step, model, inputs, per_token_logps.detach(), entropies.detach(),
+                advantages, silenced, candidates, entropy_threshold,
             )  # fmt: skip
         return silenced, keep_ratio
 

@@ -1,0 +1,60 @@
+"""Smoke tests of the benchmark scripts (benchmarks/): each runs with --quick and prints its table. No timing checks."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+ENV = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
+
+# The columns the README's tables are made of: a renamed or dropped column fails here.
+EXPECTED_COLUMNS = {
+    "step_overhead.py": ["model", "candidates %", "silenced %", "GRPO ms", "STAPO ms", "time ratio (median)",
+                         "ratio IQR", "GRPO peak MB", "STAPO peak MB", "peak ratio"],
+    "mask_cost.py": ["shape", "loss tokens", "candidates", "silenced", "mask ms", "S2T total ms", "S2T extra peak MB"],
+    "gather_overhead.py": ["shape per process", "mask, local ms", "mask, pooled ms", "gather extra ms",
+                           "S2T total ms", "GRPO all-reduce ms"],
+}  # fmt: skip
+
+
+def table_rows(output: str) -> list[list[str]]:
+    lines = [line for line in output.splitlines() if line.startswith("|")]
+    return [[cell.strip() for cell in line.strip("|").split("|")] for line in lines]
+
+
+def check_table(script: str, result: subprocess.CompletedProcess) -> None:
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-5000:]
+    rows = table_rows(result.stdout)
+    assert len(rows) >= 3, result.stdout  # header, separator, at least one row
+    header, separator, data = rows[0], rows[1], rows[2:]
+    for column in EXPECTED_COLUMNS[script]:
+        assert column in header, (column, header)
+    assert all(cell == "---" for cell in separator)
+    for row in data:
+        assert len(row) == len(header) and all(row), row
+
+
+@pytest.mark.parametrize("script", ["step_overhead.py", "mask_cost.py"])
+def test_single_process_benchmark_runs(script, tmp_path):
+    result = subprocess.run(
+        [sys.executable, str(BENCHMARKS / script), "--quick"],
+        env=ENV, cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    check_table(script, result)
+
+
+def test_gather_benchmark_runs_on_two_processes(tmp_path):
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29537",
+        str(BENCHMARKS / "gather_overhead.py"), "--quick",
+    ]  # fmt: skip
+    result = subprocess.run(
+        command, env=dict(ENV, ACCELERATE_USE_CPU="true"), cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    check_table("gather_overhead.py", result)
+    assert "2 processes" in result.stdout, result.stdout
