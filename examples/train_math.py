@@ -2,6 +2,7 @@
 
     # Offline demo on a CPU (tiny Qwen3 + synthetic problems; the recipe examples/recipes/toy/stapo_cpu.yaml)
     python examples/train_math.py
+    python examples/train_math.py --max_steps 20 --method justrl      # the same recipe, changed
 
     # The paper's runs (see docs/launching.md)
     accelerate launch --config_file examples/accelerate_configs/fsdp2.yaml examples/train_math.py \\
@@ -95,11 +96,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[MathScriptArguments, STAP
     """Parse like TRL's scripts, with two additions: the method's values as defaults, and the offline recipe.
 
     Precedence: command line > recipe (`--config`) > method (`--method`, or `method:` in the recipe) > STAPOConfig.
-    With no arguments at all, the offline CPU recipe is used.
+    Without `--config` and without `--model_name_or_path`, the offline CPU recipe is the base, so
+    `python examples/train_math.py --max_steps 20` is the offline demo, shorter.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv:
-        argv = ["--config", str(OFFLINE_RECIPE)]
+    if "--config" not in argv and "--model_name_or_path" not in argv:
+        argv = ["--config", str(OFFLINE_RECIPE), *argv]
     pre_parser = argparse.ArgumentParser(add_help=False)
     pre_parser.add_argument("--config")
     pre_parser.add_argument("--method")

@@ -2,7 +2,9 @@
 
 A problem is `a op b` with small non-negative integers (`+`, `-` with `a >= b`, `*` with a one-digit factor), so
 every answer is a non-negative integer. The text the model reads is short ("What is 23+45?") and the completion it
-is taught is one line of "reasoning" followed by the boxed answer ("23+45=68. \\boxed{68}").
+is taught is a line of worked steps followed by the boxed answer ("23+45=60+8=68. \\boxed{68}", at most 29
+characters); `Problem.unboxed_completion` is the same line without the box, the bad habit the pretrained model is
+given for RL to remove.
 
 Which split a problem belongs to is a property of the problem itself (a stable hash of `a op b`), so the train and
 held-out sets are disjoint whatever the seeds and sizes asked for.
@@ -36,8 +38,8 @@ HELDOUT_FRACTION = 0.1
 OPERATIONS = {
     # op: (weight, (a_min, a_max), (b_min, b_max))
     "+": (0.4, (0, 99), (0, 99)),
-    "-": (0.3, (0, 99), (0, 99)),  # b is redrawn <= a: answers stay non-negative
-    "*": (0.3, (2, 9), (2, 29)),
+    "-": (0.4, (0, 99), (0, 99)),  # b is drawn <= a: answers stay non-negative
+    "*": (0.2, (2, 9), (2, 49)),
 }
 
 
@@ -68,8 +70,32 @@ class Problem:
 
     @property
     def completion(self) -> str:
-        """The answer the model is taught, e.g. `23+45=68. \\boxed{68}`."""
-        return f"{self.expression}={self.answer}. \\boxed{{{self.answer}}}"
+        """The answer the model is taught: worked steps, then the boxed answer.
+
+        Two-digit operands are split into tens and units: `23+45=60+8=68. \\boxed{68}`,
+        `52-17=40-5=35. \\boxed{35}`, `7*23=140+21=161. \\boxed{161}`; one-digit ones take a single step,
+        `7*8=56. \\boxed{56}`.
+        """
+        return f"{self.expression}={self.steps}. \\boxed{{{self.answer}}}"
+
+    @property
+    def unboxed_completion(self) -> str:
+        """The worked steps without the boxed answer, e.g. `23+45=60+8=68.`: a habit that earns no reward."""
+        return f"{self.expression}={self.steps}."
+
+    @property
+    def steps(self) -> str:
+        """The worked steps after `=`: `60+8=68`, `40-5=35`, `140+21=161`, or just the answer."""
+        if self.op == "+" and max(self.a, self.b) >= 10:
+            tens, units = 10 * (self.a // 10 + self.b // 10), self.a % 10 + self.b % 10
+            return f"{tens}+{units}={self.answer}"
+        if self.op == "-" and max(self.a, self.b) >= 10:
+            tens, units = 10 * (self.a // 10 - self.b // 10), self.a % 10 - self.b % 10
+            return f"{tens}{'-' if units < 0 else '+'}{abs(units)}={self.answer}"
+        if self.op == "*" and self.b >= 10:
+            tens, units = self.a * (self.b // 10) * 10, self.a * (self.b % 10)
+            return f"{tens}+{units}={self.answer}"
+        return str(self.answer)
 
     @property
     def split(self) -> str:
@@ -142,6 +168,12 @@ def dapo_row(problem: Problem, index: str) -> dict:
         "reward_model": {"ground_truth": str(problem.answer), "style": REWARD_STYLE},
         "extra_info": {"index": index},
     }
+
+
+def layout_fingerprint() -> str:
+    """A short hash of everything that decides the rows `write_dapo_layout` writes (for naming cached files)."""
+    spec = repr((OPERATIONS, HELDOUT_FRACTION, DAPO_PROMPT_PREFIX, DAPO_PROMPT_SUFFIX, DATA_SOURCE, REWARD_STYLE))
+    return hashlib.sha256(spec.encode()).hexdigest()[:10]
 
 
 def write_dapo_layout(path: str | Path, n: int, seed: int = 0, split: str = "train") -> Path:

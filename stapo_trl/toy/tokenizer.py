@@ -20,7 +20,7 @@ CHAT_TEMPLATE = (
 def build_tokenizer() -> PreTrainedTokenizerFast:
     """Return a character-level tokenizer (one token per printable ASCII character) with chat template.
 
-    Left padding, as TRL's GRPOTrainer requires; `<|im_end|>` ends a turn (the EOS token) and doubles as padding.
+    Left padding, as TRL's GRPOTrainer requires; `<|im_end|>` ends a turn (the EOS token); `<|endoftext|>` pads.
     """
     vocab = {token: index for index, token in enumerate(SPECIAL_TOKENS + CHARACTERS)}
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<|endoftext|>"))
