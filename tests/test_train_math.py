@@ -27,6 +27,9 @@ def test_no_arguments_means_the_offline_recipe():
     script_args, args, model_args = load_script().parse_args([])
     assert script_args.dataset_name == "toy" and model_args.model_name_or_path == "toy"
     assert args.use_cpu and not args.bf16 and args.spurious_mask_mode == "low_entropy"
+    # Other arguments without a recipe or a model change the offline recipe.
+    script_args, args, model_args = load_script().parse_args(["--max_steps", "3", "--method", "justrl"])
+    assert model_args.model_name_or_path == "toy" and args.max_steps == 3 and args.spurious_mask_mode == "none"
 
 
 def test_precedence_command_line_over_recipe_over_method():
