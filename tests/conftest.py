@@ -49,6 +49,30 @@ def prompt_dataset():
     return Dataset.from_dict({"prompt": prompts, "solution": [str(2 * a + 1) for a in range(16)]})
 
 
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def png_size(path):
+    """(width, height) from the IHDR chunk, after checking the PNG signature."""
+    data = path.read_bytes()
+    assert data[:8] == PNG_SIGNATURE and data[12:16] == b"IHDR"
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+def train_tiny_run(output_dir, tokenizer, prompt_dataset, **overrides):
+    """A 2-step STAPO run of the tiny random model (τ_p = 0.02, so tokens get silenced) that saves its state."""
+    from stapo_trl import STAPOTrainer
+
+    args = cpu_config(output_dir, **{"spurious_prob_threshold": 0.02, "max_steps": 2, **overrides})
+    trainer = STAPOTrainer(
+        model=tiny_qwen3(tokenizer), reward_funcs=length_reward, args=args, train_dataset=prompt_dataset,
+        processing_class=tokenizer,
+    )  # fmt: skip
+    trainer.train()
+    trainer.save_state()
+    return output_dir
+
+
 def length_reward(completions, **kwargs):
     """A deterministic reward that varies within groups, so advantages are non-zero."""
     return [float(len(c[0]["content"]) % 3) - 1.0 for c in completions]

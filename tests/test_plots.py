@@ -3,9 +3,8 @@
 import json
 
 import pytest
-from conftest import cpu_config, length_reward
+from conftest import png_size, train_tiny_run
 
-from stapo_trl import STAPOTrainer
 from stapo_trl.diagnostics.plots import (
     QUANTITIES,
     find_trainer_state,
@@ -16,11 +15,9 @@ from stapo_trl.diagnostics.plots import (
     run_names,
 )
 from stapo_trl.report import main
-from stapo_trl.toy.model import tiny_qwen3
 
 pytest.importorskip("matplotlib")
 
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 BASE = {"reward", "entropy", "silenced_ratio", "candidate_ratio", "entropy_quantiles", "completion_length"}
 
 
@@ -28,20 +25,7 @@ BASE = {"reward", "entropy", "silenced_ratio", "candidate_ratio", "entropy_quant
 def run_dir(tmp_path_factory, tokenizer, prompt_dataset):
     """A 2-step STAPO run that saves a checkpoint (made once for the module)."""
     output_dir = tmp_path_factory.mktemp("tiny_run")
-    args = cpu_config(output_dir, spurious_prob_threshold=0.02, max_steps=2, save_strategy="steps", save_steps=2)
-    trainer = STAPOTrainer(
-        model=tiny_qwen3(tokenizer), reward_funcs=length_reward, args=args, train_dataset=prompt_dataset,
-        processing_class=tokenizer,
-    )  # fmt: skip
-    trainer.train()
-    trainer.save_state()
-    return output_dir
-
-
-def png_size(path):
-    data = path.read_bytes()
-    assert data[:8] == PNG_SIGNATURE and data[12:16] == b"IHDR"
-    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    return train_tiny_run(output_dir, tokenizer, prompt_dataset, save_strategy="steps", save_steps=2)
 
 
 def write_state(path, log_history):

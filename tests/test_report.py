@@ -7,9 +7,8 @@ from html.parser import HTMLParser
 
 import pytest
 from test_trace import FIELDS
-from conftest import cpu_config, length_reward
+from conftest import png_size, train_tiny_run
 
-from stapo_trl import STAPOTrainer
 from stapo_trl.diagnostics.report import (
     format_entropy_vs_threshold,
     format_number,
@@ -23,9 +22,7 @@ from stapo_trl.diagnostics.report import (
     write_report,
 )
 from stapo_trl.report import main
-from stapo_trl.toy.model import tiny_qwen3
 
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 STEP_TABLE_HEADER = "| step | silenced (traced) | kept (traced) |"
 
 
@@ -33,23 +30,7 @@ STEP_TABLE_HEADER = "| step | silenced (traced) | kept (traced) |"
 def run_dir(tmp_path_factory, tokenizer, prompt_dataset):
     """A 2-step STAPO run with a trace and a trainer_state.json (made once for the module)."""
     output_dir = tmp_path_factory.mktemp("tiny_run")
-    args = cpu_config(
-        output_dir, spurious_prob_threshold=0.02, max_steps=2, spurious_trace=True, spurious_trace_context_tokens=6
-    )
-    trainer = STAPOTrainer(
-        model=tiny_qwen3(tokenizer), reward_funcs=length_reward, args=args, train_dataset=prompt_dataset,
-        processing_class=tokenizer,
-    )  # fmt: skip
-    trainer.train()
-    trainer.save_state()
-    return output_dir
-
-
-def png_size(path):
-    """(width, height) from the IHDR chunk, after checking the PNG signature."""
-    data = path.read_bytes()
-    assert data[:8] == PNG_SIGNATURE and data[12:16] == b"IHDR"
-    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    return train_tiny_run(output_dir, tokenizer, prompt_dataset, spurious_trace=True, spurious_trace_context_tokens=6)
 
 
 class Page(HTMLParser):
