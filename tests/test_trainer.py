@@ -125,6 +125,24 @@ def test_parity_with_tool_mask_and_kl(tokenizer, model, prompt_dataset, tmp_path
     assert stapo._metrics["train"]["kl"] == grpo._metrics["train"]["kl"]
 
 
+def test_parity_with_vllm_importance_sampling_correction(tokenizer, model, prompt_dataset, tmp_path):
+    """The vLLM truncated-IS weights multiply the loss the same way (vLLM itself is not needed for the loss)."""
+    inputs = make_inputs(len(tokenizer), old_logps_noise=0.3, model=model)
+    weights = torch.Generator().manual_seed(7)
+    inputs["importance_sampling_ratio"] = torch.rand(inputs["completion_mask"].shape, generator=weights) + 0.5
+    overrides = dict(spurious_mask_mode="none")
+    grpo = build(GRPOTrainer, copy.deepcopy(model), tokenizer, prompt_dataset, tmp_path / "grpo", **overrides)
+    stapo = build(STAPOTrainer, model, tokenizer, prompt_dataset, tmp_path / "stapo", **overrides)
+    for trainer in (grpo, stapo):  # what use_vllm=True sets, without starting vLLM
+        trainer.use_vllm, trainer.vllm_importance_sampling_correction = True, True
+    grpo_loss, grpo_grads = loss_and_grads(grpo, inputs)
+    stapo_loss_value, stapo_grads = loss_and_grads(stapo, inputs)
+    assert torch.equal(stapo_loss_value, grpo_loss)
+    assert_same_grads(stapo_grads, grpo_grads, rtol=0, atol=0)
+    stapo.use_vllm = False  # the weights do enter the loss
+    assert not torch.equal(loss_and_grads(stapo, inputs)[0], grpo_loss)
+
+
 @pytest.mark.parametrize("old_logps_noise", [None, 0.4])
 def test_loss_and_gradients_equal_eq6(old_logps_noise, tokenizer, model, prompt_dataset, tmp_path):
     inputs = make_inputs(len(tokenizer), old_logps_noise=old_logps_noise, model=model)
