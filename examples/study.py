@@ -4,7 +4,7 @@ Every run is `examples/train_math.py` with the offline recipe (examples/recipes/
 `--method` / `--seed`, so the study exercises the same code paths as a real run. Results (per run and per method,
 mean ± std over seeds) and overlaid training curves (averaged over seeds) go to `--report_dir`.
 
-    python examples/study.py                                  # 7 methods x 3 seeds, 300 steps each
+    python examples/study.py                                  # 7 methods x 3 seeds, 150 steps each
     python examples/study.py --max_steps 20 --seeds 0 --methods stapo justrl --report_dir /tmp/study   # a smoke run
 
 Runs are ordered seed by seed, so a study stopped by `--budget_minutes` still has every method at the seeds it
@@ -39,7 +39,7 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS)
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    parser.add_argument("--max_steps", type=int, default=300)
+    parser.add_argument("--max_steps", type=int, default=150)
     parser.add_argument("--runs_dir", default="outputs/study", help="Where the runs (checkpoints, logs) go.")
     parser.add_argument("--report_dir", default="docs/study", help="Where the small CSV/JSON/PNG results go.")
     parser.add_argument("--workers", type=int, default=2, help="Runs at a time, one CPU thread each.")
