@@ -19,8 +19,10 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..data import MATH_INSTRUCTION, math_prompt
+
 # The instruction the paper appends to every problem: the prompt the policy sees during RL.
-INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+INSTRUCTION = MATH_INSTRUCTION
 
 # DAPO-Math-17K wraps each problem in this prompt (veRL layout, column `prompt`).
 DAPO_PROMPT_PREFIX = (
@@ -150,8 +152,7 @@ def generate_problems(n: int, seed: int = 0, split: str = "train", unique: bool 
 
 def rl_prompt(problem: Problem | str) -> list[dict[str, str]]:
     """The conversation the policy sees: the problem followed by the paper's instruction."""
-    text = problem.text if isinstance(problem, Problem) else problem
-    return [{"role": "user", "content": f"{text} {INSTRUCTION}"}]
+    return math_prompt(problem.text if isinstance(problem, Problem) else problem)
 
 
 def chat_prompt(tokenizer, problem: Problem | str) -> str:
