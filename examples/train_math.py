@@ -22,7 +22,7 @@ import yaml
 from trl import ModelConfig, TrlParser, get_peft_config
 
 from stapo_trl import STAPOConfig, STAPOTrainer, math_reward
-from stapo_trl.data import DAPO_MATH_HUB_ID, load_dapo_math, load_math_dataset, load_verl_parquet
+from stapo_trl.math.data import DAPO_MATH_HUB_ID, load_dapo_math, load_math_dataset, load_verl_parquet
 from stapo_trl.methods import METHODS, method_config
 
 OFFLINE_RECIPE = Path(__file__).resolve().parent / "recipes" / "toy" / "stapo_cpu.yaml"

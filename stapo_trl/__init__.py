@@ -8,7 +8,7 @@ _EXPORTS = {
     "STAPOConfig": ".config",
     "STAPOTrainer": ".trainer",
     "spurious_token_mask": ".s2t",
-    "math_reward": ".rewards",
+    "math_reward": ".math.reward",
 }
 
 

@@ -44,8 +44,8 @@ import torch
 from datasets import Dataset
 from transformers import LogitsProcessor, PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback
 
-from .data import MATH_INSTRUCTION, load_math_dataset, load_verl_parquet
-from .rewards import extract_boxed_answer, math_reward
+from .math.data import MATH_INSTRUCTION, load_math_dataset, load_verl_parquet
+from .math.reward import extract_boxed_answer, math_reward
 
 logger = logging.getLogger(__name__)
 

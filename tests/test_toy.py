@@ -121,7 +121,7 @@ def test_toy_dataset_files(tmp_path):
 
 
 def test_toy_dataset_files_load_with_load_dapo_math(tmp_path):
-    data = pytest.importorskip("stapo_trl.data")
+    data = pytest.importorskip("stapo_trl.math.data")
     dataset = data.load_dapo_math(toy_dataset_files(tmp_path, num_train=30, num_heldout=5)["train"])
     problems = generate_problems(30, seed=0)
     assert len(dataset) == 30

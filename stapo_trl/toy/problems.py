@@ -19,7 +19,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..data import MATH_INSTRUCTION, math_prompt
+from ..math.data import MATH_INSTRUCTION, math_prompt
 
 # The instruction the paper appends to every problem: the prompt the policy sees during RL.
 INSTRUCTION = MATH_INSTRUCTION

@@ -1,4 +1,4 @@
-"""Tests of stapo_trl.data: prompt building, the three loaders, validation, de-duplication, benchmark files."""
+"""Tests of stapo_trl.math.data: prompt building, the three loaders, validation, de-duplication, benchmark files."""
 
 import os
 
@@ -14,8 +14,8 @@ import pyarrow.parquet as pq  # noqa: E402
 import pytest  # noqa: E402
 from datasets import Dataset  # noqa: E402
 
-from stapo_trl import data as data_module  # noqa: E402
-from stapo_trl.data import (  # noqa: E402
+from stapo_trl.math import data as data_module  # noqa: E402
+from stapo_trl.math.data import (  # noqa: E402
     MATH_INSTRUCTION,
     load_dapo_math,
     load_math_dataset,
@@ -136,7 +136,7 @@ def test_unwrap_boxed(answer, expected):
 
 
 def test_load_dapo_math_strips_wrapper_appends_instruction_and_deduplicates(dapo_parquet, caplog):
-    with caplog.at_level(logging.INFO, logger="stapo_trl.data"):
+    with caplog.at_level(logging.INFO, logger="stapo_trl.math.data"):
         dataset = load_dapo_math(str(dapo_parquet))
 
     assert dataset.column_names == ["prompt", "solution", "problem", "data_source", "id"]
@@ -343,7 +343,7 @@ def test_bad_row_raises_naming_source_row_and_field(tmp_path, bad, field, reason
 def test_drop_invalid_drops_bad_rows_and_warns_the_count(tmp_path, caplog):
     records = [{"problem": "Q0", "answer": "0"}] + [bad for bad, _, _ in BAD_ROWS] + [{"problem": "Q9", "answer": 9}]
     path = write_jsonl(tmp_path / "bad.jsonl", records)
-    with caplog.at_level(logging.WARNING, logger="stapo_trl.data"):
+    with caplog.at_level(logging.WARNING, logger="stapo_trl.math.data"):
         dataset = load_math_dataset(path, drop_invalid=True)
     assert dataset["problem"] == ["Q0", "Q9"]
     assert dataset["solution"] == ["0", "9"]
@@ -356,7 +356,7 @@ def test_drop_invalid_counts_repeated_bad_rows_once_each(tmp_path, caplog):
     path = write_parquet(tmp_path / "dapo.parquet", rows)
     with pytest.raises(ValueError, match=r"row 1: field 'reward_model.ground_truth' is empty"):
         load_dapo_math(path)
-    with caplog.at_level(logging.INFO, logger="stapo_trl.data"):
+    with caplog.at_level(logging.INFO, logger="stapo_trl.math.data"):
         dataset = load_dapo_math(path, drop_invalid=True)
     assert dataset["problem"] == [P1]
     assert "dropped 3 invalid row(s)" in caplog.text

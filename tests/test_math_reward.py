@@ -14,8 +14,8 @@ from pathlib import Path  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 import pytest  # noqa: E402
 
-from stapo_trl import rewards  # noqa: E402
-from stapo_trl.rewards import MAX_ANSWER_CHARS, extract_boxed_answer, math_reward  # noqa: E402
+from stapo_trl.math import reward as rewards  # noqa: E402
+from stapo_trl.math.reward import MAX_ANSWER_CHARS, extract_boxed_answer, math_reward  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MATH_EVAL_DIR = REPO_ROOT / ".." / "shared" / "data" / "math_eval"  # the six benchmarks' veRL parquet files
@@ -221,7 +221,7 @@ def test_100kb_of_garbage_scores_minus_one_quickly():
 @pytest.mark.parametrize("gold, answer", SLOW_TO_VERIFY)
 def test_slow_verification_times_out_to_minus_one(gold, answer, caplog):
     started = time.monotonic()
-    with caplog.at_level(logging.WARNING, logger="stapo_trl.rewards"):
+    with caplog.at_level(logging.WARNING, logger="stapo_trl.math.reward"):
         got = math_reward([rf"\boxed{{{answer}}}", r"\boxed{34}"], [gold, "34"], verification_timeout=1)
     assert got == [-1.0, 1.0]  # with gold "34", the second answer waits behind the slow one in the same job
     assert time.monotonic() - started < 10.0
