@@ -1,10 +1,13 @@
 """STAPOConfig: GRPOConfig plus the S2T mask's settings, with the paper's defaults."""
 
+import math
 from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
 from .s2t import MASK_MODES
+
+MASK_SCOPES = ("step", "micro_batch")
 
 # Loss types whose objective is the clipped surrogate of paper Eq. 4/6, a per-token sum that a token mask edits.
 SUPPORTED_LOSS_TYPES = ("dapo", "bnpo", "grpo", "dr_grpo")
@@ -33,6 +36,16 @@ class STAPOConfig(GRPOConfig):
             `"low_entropy"` (STAPO), `"high_entropy"` (silence candidates above the (1 - q)-quantile; ablation of
             Fig. 8), `"random"` (silence each candidate with probability q; ablation), `"all"` (every candidate:
             JustRL-FullMask), `"none"` (plain DAPO/JustRL baseline, identical to GRPOTrainer).
+        spurious_mask_scope (`str`, defaults to `"step"`):
+            The pool over which the silenced tokens are decided. `"step"`: the paper's "each mini-batch", one
+            optimizer step; before the step's first backward, the candidates of all its micro-batches on all processes
+            are pooled, τ_h is their q-quantile, and the DAPO normalizer counts the unsilenced tokens of the whole
+            step, so the result does not depend on `per_device_train_batch_size`, `gradient_accumulation_steps` or the
+            number of processes. It needs the per-token log-probabilities and entropies of the step before its first
+            backward: taken from TRL's own no-grad forward where that ran at the same weights, otherwise from a no-grad
+            forward of the step's micro-batches. `"micro_batch"`: each micro-batch decides alone (pooled over
+            processes) inside its loss, at no extra forward; its τ_h and normalizer then depend on how the step is
+            split.
         spurious_trace (`bool`, defaults to `False`):
             Write the silenced tokens and a sample of the kept candidates, with context and top-k alternatives, to
             `<output_dir>/spurious_trace/rank-<i>.jsonl` (see `stapo_trl.diagnostics.trace`). Bounded per
@@ -59,6 +72,16 @@ class STAPOConfig(GRPOConfig):
             "help": "Which candidates to silence: 'low_entropy' (STAPO), 'high_entropy' and 'random' (the paper's Fig. 8 "
             "ablations), 'all' (JustRL-FullMask), 'none' (plain baseline, same as GRPOTrainer).",
             "choices": list(MASK_MODES),
+        },
+    )
+    spurious_mask_scope: str = field(
+        default="step",
+        metadata={
+            "help": "Over what τ_h and the silenced count are taken: 'step' (the paper's 'each mini-batch': every "
+            "micro-batch of one optimizer step on every process, decided before its first backward; independent of "
+            "batch size, accumulation and process count) or 'micro_batch' (each micro-batch alone, inside its loss; "
+            "no extra forward pass).",
+            "choices": list(MASK_SCOPES),
         },
     )
 
@@ -103,9 +126,7 @@ class STAPOConfig(GRPOConfig):
     warmup_steps: float = field(default=10, metadata={"help": "Linear warm-up steps (paper: 10)."})
     weight_decay: float = field(default=0.1, metadata={"help": "AdamW weight decay (paper, JustRL setting: 0.1)."})
     max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm (paper: 1.0)."})
-    num_generations: int | None = field(
-        default=8, metadata={"help": "G, completions sampled per prompt (paper: 8)."}
-    )
+    num_generations: int | None = field(default=8, metadata={"help": "G, completions sampled per prompt (paper: 8)."})
     temperature: float = field(default=1.0, metadata={"help": "Rollout sampling temperature (paper: 1.0)."})
     top_p: float = field(default=1.0, metadata={"help": "Rollout nucleus sampling top-p (paper: 1.0)."})
 
@@ -123,6 +144,23 @@ class STAPOConfig(GRPOConfig):
             )
         if self.spurious_mask_mode not in MASK_MODES:
             raise ValueError(f"spurious_mask_mode must be one of {MASK_MODES}, got {self.spurious_mask_mode!r}.")
+        if self.spurious_mask_scope not in MASK_SCOPES:
+            raise ValueError(f"spurious_mask_scope must be one of {MASK_SCOPES}, got {self.spurious_mask_scope!r}.")
+        for name in ("epsilon", "epsilon_high", "temperature", "learning_rate"):
+            value = getattr(self, name)
+            if value is not None and math.isnan(value):
+                raise ValueError(f"{name} is NaN; give a number (the paper's value is this field's default).")
+        if self.delta is not None and not self.delta > 1.0:  # also refuses NaN
+            raise ValueError(
+                f"delta (dual-clip c) must be > 1 or None, got {self.delta}: the ratio is capped at delta, and a cap "
+                "at or below 1 clips every ratio of negative-advantage tokens. The JustRL setting uses 10; None "
+                "disables it."
+            )
+        if not 0.0 < self.top_entropy_quantile <= 1.0:  # also refuses NaN
+            raise ValueError(
+                f"top_entropy_quantile must be in (0, 1], got {self.top_entropy_quantile}: the fraction of "
+                "highest-entropy tokens that are trained (1.0 = all; 20-Entropy: 0.2)."
+            )
         for name in ("spurious_trace_max_silenced", "spurious_trace_max_kept", "spurious_trace_context_tokens"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}.")
@@ -150,3 +188,14 @@ class STAPOConfig(GRPOConfig):
                 "stabilizes entropy without a bonus term (paper §5). Set entropy_coef=0.0 and use_adaptive_entropy=False."
             )
         super().__post_init__()
+        # After GRPOConfig has resolved steps_per_generation.
+        generate_every = self.steps_per_generation * self.num_iterations
+        decides_per_step = self.spurious_mask_scope == "step" and self.spurious_mask_mode != "none"
+        if decides_per_step and generate_every % self.gradient_accumulation_steps != 0:
+            raise ValueError(
+                f"spurious_mask_scope='step' decides over every micro-batch of an optimizer step before its first "
+                f"backward, so a step must not start a new generation in its middle: steps_per_generation x "
+                f"num_iterations ({self.steps_per_generation} x {self.num_iterations}) must be a multiple of "
+                f"gradient_accumulation_steps ({self.gradient_accumulation_steps}). Change one of these fields, or "
+                "use spurious_mask_scope='micro_batch'."
+            )

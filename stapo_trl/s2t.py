@@ -5,13 +5,14 @@ A token y_{i,t} is *spurious* and silenced (I_{i,t} = 1) iff
     Â_i > 0   and   π_θ(y_{i,t}) < τ_p   and   H_{i,t} < τ_h^(q)
 
 where τ_h^(q) is the q-quantile of the entropies of the *candidates*: the loss tokens of positive-advantage
-completions whose probability is below τ_p, taken over the whole batch of every process. The other modes are the
-paper's ablations (Fig. 8) and baselines (JustRL-FullMask = "all", JustRL = "none").
+completions whose probability is below τ_p, taken over the whole batch of every process. The paper takes it over each
+mini-batch, i.e. one optimizer step: `pooled_spurious_token_masks` decides over the micro-batches of a step at once.
+The other modes are the paper's ablations (Fig. 8) and baselines (JustRL-FullMask = "all", JustRL = "none").
 
 Everything here is pure torch: no trainer state, and no host-device synchronisation except what `gather` needs.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -95,3 +96,42 @@ def spurious_token_mask(
         silenced = torch.zeros_like(candidates)
 
     return (silenced, candidates, threshold) if return_details else silenced
+
+
+def pooled_spurious_token_masks(
+    per_token_logps: Sequence[torch.Tensor],
+    entropies: Sequence[torch.Tensor],
+    advantages: Sequence[torch.Tensor],
+    loss_masks: Sequence[torch.Tensor],
+    **kwargs,
+) -> list[torch.Tensor] | tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
+    """`spurious_token_mask` over the union of several batches (e.g. the micro-batches of one optimizer step).
+
+    One decision for the pool: τ_h is the q-quantile of the candidates of every batch (and, with `gather`, of every
+    process), so the result does not depend on how the pool is split. The batches may differ in shape. Returns one
+    mask per batch, or with `return_details=True` `(silenced, candidates, entropy_threshold)` with lists for the first
+    two. Keyword arguments are those of `spurious_token_mask`.
+    """
+    shapes = [logps.shape for logps in per_token_logps]
+
+    def pooled(tensors):
+        return torch.cat([tensor.reshape(-1) for tensor in tensors]).unsqueeze(0)
+
+    # Advantages per token, so that they line up with the flattened tokens.
+    per_token_advantages = [
+        torch.broadcast_to(a.unsqueeze(1) if a.dim() == 1 else a, shape)
+        for a, shape in zip(advantages, shapes, strict=True)
+    ]
+    result = spurious_token_mask(
+        pooled(per_token_logps), pooled(entropies), pooled(per_token_advantages), pooled(loss_masks), **kwargs
+    )
+
+    def unpool(mask):
+        return [
+            part.view(shape) for part, shape in zip(mask[0].split([s.numel() for s in shapes]), shapes, strict=True)
+        ]
+
+    if kwargs.get("return_details"):
+        silenced, candidates, threshold = result
+        return unpool(silenced), unpool(candidates), threshold
+    return unpool(result)

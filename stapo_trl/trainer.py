@@ -5,14 +5,20 @@ import time
 
 import torch
 from trl import GRPOTrainer
+from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import get_config_model_id, nanmax, nanmin
 
 from .config import STAPOConfig
 from .diagnostics.trace import SpuriousTokenTracer
-from .s2t import masked_quantile, spurious_token_mask
+from .s2t import masked_quantile, pooled_spurious_token_masks
 
 # Entropy quantiles of the loss tokens logged every step, as in the paper's Fig. 5d.
 ENTROPY_QUANTILES = {"p50": 0.5, "p80": 0.8, "p95": 0.95}
+# Inputs besides the token ids that the policy's forward takes (multimodal models), as GRPOTrainer passes them.
+MODEL_INPUT_KEYS = (
+    "pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
+    "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids",
+)  # fmt: skip
 
 
 class STAPOTrainer(GRPOTrainer):
@@ -67,6 +73,9 @@ class STAPOTrainer(GRPOTrainer):
             args = STAPOConfig(f"{model_name.split('/')[-1]}-STAPO")
         super().__init__(model, reward_funcs, args, *other_args, **kwargs)
         self._random_mask_generator = None
+        self._captured_forwards = None  # (log-probs, entropies) of TRL's no-grad forwards during a generation
+        self._old_forward_step = None  # global step at which TRL's old-log-prob forward last ran
+        self._step_inputs = None  # the micro-batches of the current optimizer step, with the step's S2T decision
         self._tracer = None
         if args.spurious_trace:
             self._tracer = SpuriousTokenTracer(
@@ -83,17 +92,29 @@ class STAPOTrainer(GRPOTrainer):
     def _gather_candidate_entropies(self, entropies: torch.Tensor) -> torch.Tensor:
         """All-gather a variable-length 1-D tensor of entropies (>= 0) from every process."""
         pad_value = -1e9  # entropies are never negative, so the sentinel cannot collide with a real value
-        gathered = self.accelerator.gather(self.accelerator.pad_across_processes(entropies, dim=0, pad_index=pad_value))
+        gathered = self.accelerator.gather(
+            self.accelerator.pad_across_processes(entropies, dim=0, pad_index=pad_value)
+        )
         return gathered[gathered != pad_value]
 
     def _spurious_mask_and_log(self, model, inputs, per_token_logps, entropies, advantages, mask, mode: str):
-        """Compute the S2T mask of this micro-batch, log its metrics, and return (silenced, loss-token keep ratio)."""
+        """Decide the S2T mask over one pool of tokens, log its metrics, and return (silenced, loss-token keep ratio).
+
+        The pool is one micro-batch (tensors) or the micro-batches of one optimizer step (lists of tensors, then
+        `silenced` is a list too); in both cases it spans every process. The keep ratio (L - S) / L counts the loss
+        tokens L and silenced tokens S of the whole pool on all processes.
+        """
         args = self.args
-        timer = _Timer(per_token_logps.device)
+        pooled = isinstance(per_token_logps, list)
+        if not pooled:
+            inputs, per_token_logps, entropies, advantages, mask = ([x] for x in (inputs, per_token_logps, entropies,
+                                                                                   advantages, mask))  # fmt: skip
+        timer = _Timer(per_token_logps[0].device)
         if args.spurious_mask_mode == "random" and self._random_mask_generator is None:
-            self._random_mask_generator = torch.Generator(device=per_token_logps.device)
+            self._random_mask_generator = torch.Generator(device=per_token_logps[0].device)
             self._random_mask_generator.manual_seed(args.seed + self.accelerator.process_index)
-        silenced, candidates, entropy_threshold = spurious_token_mask(
+        multi_process = self.accelerator.num_processes > 1
+        silenced, candidates, entropy_threshold = pooled_spurious_token_masks(
             per_token_logps,
             entropies,
             advantages,
@@ -102,35 +123,136 @@ class STAPOTrainer(GRPOTrainer):
             entropy_quantile=args.spurious_entropy_quantile,
             mode=args.spurious_mask_mode,
             generator=self._random_mask_generator,
-            gather=self._gather_candidate_entropies if self.accelerator.num_processes > 1 else None,
+            gather=self._gather_candidate_entropies if multi_process else None,
             return_details=True,
         )
         timer.stop()
-        # One all-gather for the counts (summed) and the entropy quantiles (averaged over processes).
-        local_quantiles = masked_quantile(entropies.detach(), mask.bool(), list(ENTROPY_QUANTILES.values()))
-        local_counts = torch.stack([mask.sum(), candidates.sum(), silenced.sum()]).float()
-        per_process = self.accelerator.gather(torch.cat([local_counts, local_quantiles]).unsqueeze(0))
-        totals = per_process[:, :3].sum(0)
+        # Entropy quantiles of the pool's loss tokens, over the values of every process (not a mean of quantiles).
+        loss_entropies = torch.cat([e.detach()[m.bool()].float() for e, m in zip(entropies, mask, strict=True)])
+        if multi_process:
+            loss_entropies = self._gather_candidate_entropies(loss_entropies)
+        quantiles = masked_quantile(
+            loss_entropies, torch.ones_like(loss_entropies, dtype=torch.bool), list(ENTROPY_QUANTILES.values())
+        )
+        counts = torch.stack(
+            [sum(m.sum() for m in mask), sum(c.sum() for c in candidates), sum(s.sum() for s in silenced)]
+        )
+        totals = self.accelerator.reduce(counts.float(), reduction="sum") if multi_process else counts.float()
         num_loss, num_silenced = totals[0], totals[2]
         keep_ratio = (num_loss - num_silenced).clamp(min=1.0) / num_loss.clamp(min=1.0)
 
         # Everything logged comes to the host in one read.
-        host = torch.cat([totals, entropy_threshold.reshape(1).float(), per_process[:, 3:].nanmean(0)]).tolist()
-        (num_loss_, num_candidates_, num_silenced_, threshold_), quantiles = host[:4], host[4:]
+        host = torch.cat([totals, entropy_threshold.reshape(1).float(), quantiles]).tolist()
+        (num_loss_, num_candidates_, num_silenced_, threshold_), quantiles_ = host[:4], host[4:]
         metrics = self._metrics[mode]
         metrics["spurious/silenced_ratio"].append(num_silenced_ / max(num_loss_, 1.0))
         metrics["spurious/candidate_ratio"].append(num_candidates_ / max(num_loss_, 1.0))
         metrics["spurious/silenced_count"].append(num_silenced_)
         metrics["spurious/entropy_threshold"].append(threshold_)
-        for name, quantile in zip(ENTROPY_QUANTILES, quantiles, strict=True):
+        for name, quantile in zip(ENTROPY_QUANTILES, quantiles_, strict=True):
             metrics[f"entropy/{name}"].append(quantile)
         metrics["spurious/mask_time_ms"].append(timer.milliseconds())
         if self._tracer is not None and mode == "train":  # step: the optimizer step being built, as in the logs
-            self._tracer.record(
-                self.state.global_step + 1, self._step, model, inputs, per_token_logps.detach(), entropies.detach(),
-                advantages, silenced, candidates, entropy_threshold,
-            )  # fmt: skip
-        return silenced, keep_ratio
+            for index in range(len(inputs)):
+                self._tracer.record(
+                    self.state.global_step + 1, self._step + index, model, inputs[index],
+                    per_token_logps[index].detach(), entropies[index].detach(), _per_row(advantages[index]),
+                    silenced[index], candidates[index], entropy_threshold,
+                )  # fmt: skip
+        return (silenced if pooled else silenced[0]), keep_ratio
+
+    # --- S2T per optimizer step (spurious_mask_scope="step") ---
+    # Transformers' loop calls `_prepare_inputs` once per micro-batch, in order, before that micro-batch's forward;
+    # GRPOTrainer hands out slices of its buffered generation batch there. At the first micro-batch of an optimizer
+    # step every slice of the step is in that buffer (STAPOConfig makes generations start at step boundaries), and the
+    # weights are those every micro-batch of the step will see, so the step's decision is taken there.
+
+    @property
+    def _decides_per_step(self) -> bool:
+        return self.args.spurious_mask_scope == "step" and self.args.spurious_mask_mode != "none"
+
+    def _prepare_inputs(self, generation_batch):
+        inputs = super()._prepare_inputs(generation_batch)
+        if not (self._decides_per_step and self.model.training):
+            return inputs
+        position = self._step % self.args.gradient_accumulation_steps
+        if position == 0:
+            buffer, steps_per_generation = self._buffered_inputs, self.args.steps_per_generation
+            step = [
+                buffer[(self._step + j) % steps_per_generation]
+                for j in range(self.current_gradient_accumulation_steps)
+            ]
+            self._step_inputs = self._decide_step(step)
+        return self._step_inputs[position]
+
+    def _decide_step(self, micro_batches: list[dict]) -> list[dict]:
+        """The S2T decision of one optimizer step, from its micro-batches (this process's share), before any backward.
+
+        Needs log π_θ and H of every loss token of the step under the step's weights. Where TRL's no-grad forward of
+        the old log-probabilities ran at these same weights (the first optimizer step of a generation batch, when TRL
+        runs that forward at all), its values are used; otherwise a no-grad forward runs micro-batch by micro-batch,
+        keeping only the per-token log-probabilities and entropies. Returns the micro-batches with the decision attached.
+        """
+        reuse = self._old_forward_step == self.state.global_step and all(
+            "old_per_token_entropies" in micro_batch for micro_batch in micro_batches
+        )
+        if reuse:
+            logps = [micro_batch["old_per_token_logps"] for micro_batch in micro_batches]
+            entropies = [micro_batch["old_per_token_entropies"] for micro_batch in micro_batches]
+        else:
+            logps, entropies = zip(*(self._no_grad_logps_and_entropies(mb) for mb in micro_batches), strict=True)
+        masks = [_loss_mask(micro_batch) for micro_batch in micro_batches]
+        advantages = [_per_row(micro_batch["advantages"]) for micro_batch in micro_batches]
+        silenced, keep_ratio = self._spurious_mask_and_log(
+            self.model, micro_batches, list(logps), list(entropies), advantages, masks, "train"
+        )
+        return [
+            {**micro_batch, "spurious_silenced": mb_silenced, "spurious_keep_ratio": keep_ratio}
+            for micro_batch, mb_silenced in zip(micro_batches, silenced, strict=True)
+        ]
+
+    def _no_grad_logps_and_entropies(self, inputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """log π_θ and H of a micro-batch's completion tokens, as its loss will compute them, without a graph."""
+        input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+        attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+        with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+            logps, entropies, _ = self._get_per_token_logps_and_entropies(
+                self.model,
+                input_ids,
+                attention_mask,
+                inputs["completion_ids"].size(1),
+                batch_size=self.args.per_device_train_batch_size,
+                compute_entropy=True,
+                **{key: inputs.get(key) for key in MODEL_INPUT_KEYS},
+            )
+        return logps, entropies
+
+    def _generate_and_score_completions(self, inputs):
+        # When TRL runs its no-grad forward for the old log-probabilities, keep the entropies it computes alongside
+        # (the fused LM head computes them anyway), so that the first step of this generation batch needs no forward.
+        if not (self._decides_per_step and self.model.training):
+            return super()._generate_and_score_completions(inputs)
+        self._captured_forwards = []
+        try:
+            output = super()._generate_and_score_completions(inputs)
+        finally:
+            captured, self._captured_forwards = self._captured_forwards, None
+        for logps, entropies in captured:
+            if logps is output.get("old_per_token_logps"):
+                output["old_per_token_entropies"] = entropies
+                self._old_forward_step = self.state.global_step
+        return output
+
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
+                                           compute_entropy=False, **kwargs):  # fmt: skip
+        capture = self._captured_forwards is not None and model is self.model and not compute_entropy
+        logps, entropies, aux_loss = super()._get_per_token_logps_and_entropies(
+            model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy or capture, **kwargs
+        )
+        if capture:
+            self._captured_forwards.append((logps, entropies))
+            entropies = None
+        return logps, entropies, aux_loss
 
     # The body below is GRPOTrainer._compute_loss of TRL 1.16 (the pinned range) restricted to what STAPOConfig
     # accepts, with the S2T mask inserted where marked. tests/test_trainer.py checks parity with the parent.
@@ -140,7 +262,7 @@ class STAPOTrainer(GRPOTrainer):
         input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
         attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
         logits_to_keep = completion_ids.size(1)
-        mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
+        mask = _loss_mask(inputs)
 
         per_token_logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
             model,
@@ -149,16 +271,7 @@ class STAPOTrainer(GRPOTrainer):
             logits_to_keep,
             compute_entropy=True,
             compute_aux_loss=self.aux_loss_enabled,
-            pixel_values=inputs.get("pixel_values"),
-            image_grid_thw=inputs.get("image_grid_thw"),
-            num_images=inputs.get("num_images"),
-            pixel_attention_mask=inputs.get("pixel_attention_mask"),
-            spatial_shapes=inputs.get("spatial_shapes"),
-            num_tiles=inputs.get("num_tiles"),
-            image_sizes=inputs.get("image_sizes"),
-            token_type_ids=inputs.get("token_type_ids"),
-            mm_token_type_ids=inputs.get("mm_token_type_ids"),
-            image_position_ids=inputs.get("image_position_ids"),
+            **{key: inputs.get(key) for key in MODEL_INPUT_KEYS},
         )
         mode = "train" if self.model.training else "eval"
         advantages = inputs["advantages"]
@@ -166,9 +279,12 @@ class STAPOTrainer(GRPOTrainer):
             advantages = advantages.unsqueeze(1)
 
         # --- S2T: silenced tokens leave the loss mask (no gradient, not counted) ---
-        silenced, keep_ratio = self._spurious_mask_and_log(
-            model, inputs, per_token_logps, entropies, advantages, mask, mode
-        )
+        if "spurious_silenced" in inputs:  # decided for the whole optimizer step by _decide_step
+            silenced, keep_ratio = inputs["spurious_silenced"], inputs["spurious_keep_ratio"]
+        else:  # decided over this micro-batch (on all processes)
+            silenced, keep_ratio = self._spurious_mask_and_log(
+                model, inputs, per_token_logps, entropies, advantages, mask, mode
+            )
         mask = mask * ~silenced
 
         if self.top_entropy_quantile < 1.0:
@@ -256,6 +372,16 @@ class STAPOTrainer(GRPOTrainer):
         gathered_high_clip = self.accelerator.gather(masked_seq_mean(is_high_clipped.float()))
         self._metrics[mode]["clip_ratio/high_max"].append(nanmax(gathered_high_clip).item())
         return loss
+
+
+def _loss_mask(inputs) -> torch.Tensor:
+    """The tokens that enter the loss: completion tokens that are not tool output."""
+    mask = inputs["completion_mask"]
+    return mask if "tool_mask" not in inputs else mask * inputs["tool_mask"]
+
+
+def _per_row(advantages: torch.Tensor) -> torch.Tensor:
+    return advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
 
 
 class _Timer:

@@ -53,7 +53,7 @@ def grpo_config_like(config_kwargs) -> GRPOConfig:
         for f in dataclasses.fields(STAPOConfig)
         if f.name in grpo_fields and f.default != grpo_fields[f.name].default
     }
-    stapo_only = {"spurious_prob_threshold", "spurious_entropy_quantile", "spurious_mask_mode"}
+    stapo_only = {"spurious_prob_threshold", "spurious_entropy_quantile", "spurious_mask_mode", "spurious_mask_scope"}
     return GRPOConfig(**{**paper_defaults, **{k: v for k, v in config_kwargs.items() if k not in stapo_only}})
 
 
