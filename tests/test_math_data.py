@@ -2,6 +2,7 @@
 
 import os
 
+
 os.environ["HF_HUB_OFFLINE"] = "1"
 
 import json  # noqa: E402
@@ -14,7 +15,6 @@ import pyarrow.parquet as pq  # noqa: E402
 import pytest  # noqa: E402
 from datasets import Dataset  # noqa: E402
 
-from stapo_trl.math import data as data_module  # noqa: E402
 from stapo_trl.math.data import (  # noqa: E402
     MATH_INSTRUCTION,
     load_dapo_math,
@@ -24,6 +24,7 @@ from stapo_trl.math.data import (  # noqa: E402
     strip_dapo_wrapper,
     unwrap_boxed,
 )
+
 
 MATH_EVAL = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "math_eval"
 BENCHMARK_SIZES = {
@@ -261,7 +262,7 @@ def test_load_verl_parquet_checks_every_path_before_reading(tmp_path, monkeypatc
     def fail(*args, **kwargs):
         raise AssertionError("read a file before checking that every path exists")
 
-    monkeypatch.setattr(data_module.pq, "read_table", fail)
+    monkeypatch.setattr("datasets.load_dataset", fail)
     missing = tmp_path / "missing" / "b.parquet"
     with pytest.raises(FileNotFoundError, match=str(missing)):
         load_verl_parquet([existing, missing])
@@ -395,6 +396,15 @@ def test_bad_json_line_names_file_and_line(tmp_path):
     path = tmp_path / "broken.jsonl"
     path.write_text('{"problem": "Q", "answer": "1"}\n{"problem": \n')
     with pytest.raises(ValueError, match=r"broken.jsonl'?: line 2 is not valid JSON"):
+        load_math_dataset(path)
+
+
+def test_a_file_that_is_not_utf8_names_the_file(tmp_path):
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(
+        '{"problem": "Combien font 2+2 ? \u00c9crire le r\u00e9sultat.", "answer": "4"}\n'.encode("latin-1")
+    )
+    with pytest.raises(ValueError, match=r"latin1.jsonl'?: not UTF-8 .*save the file as UTF-8"):
         load_math_dataset(path)
 
 

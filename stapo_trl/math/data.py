@@ -10,16 +10,17 @@ Every loader returns a `datasets.Dataset` with one row per problem and the colum
 
 TRL's `GRPOTrainer` hands the extra columns to the reward functions, so ``solution`` reaches `math_reward`.
 
-Three loaders share one validation and prompt-building path (`_build_dataset`):
-
 - `load_dapo_math`: DAPO-Math-17K (veRL layout, Hub id or local copy): removes DAPO's own answer-format
   wrapper from the prompt, appends the paper's instruction and de-duplicates (the Hub copy repeats each
   problem about 100 times).
 - `load_verl_parquet`: veRL-layout parquet files, such as the math benchmarks (AIME24, MATH-500, ...).
 - `load_math_dataset`: any jsonl / json / parquet file or Hub dataset with configurable (dotted) field names.
 
-Rows with a missing, empty or wrongly typed problem or answer raise a `ValueError` naming the source, the row
-and the field; pass ``drop_invalid=True`` to drop them instead (the count is logged as a warning).
+Files are read with `datasets.load_dataset`; de-duplication is pandas'. Rows with a missing, empty or wrongly
+typed problem or answer raise a `ValueError` naming the source, the row and the field; pass ``drop_invalid=True``
+to drop them instead (the count is logged as a warning). A json column that mixes strings and numbers is read by
+`datasets` as its ``Json`` type, which also reads a string that is valid JSON as JSON (``"1.50"`` as 1.5): write
+such a column's values all as strings to keep them as written.
 """
 
 from __future__ import annotations
@@ -31,16 +32,16 @@ import os
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import datasets
-import numpy as np
+import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from datasets import Dataset
+
+from .reward import extract_boxed_answer
+
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +58,9 @@ DAPO_SUFFIX_MARKER = "\n\nRemember to put your answer"
 LOCAL_SUFFIXES = (".parquet", ".jsonl", ".json")
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_BOX_COMMAND = re.compile(r"\\(?=boxed|fbox)")
 _DROP_HINT = "pass drop_invalid=True to drop such rows"
+_COLUMNS = ["prompt", "solution", "problem", "data_source", "id"]
 
 
 def math_prompt(problem: str) -> list[dict[str, str]]:
@@ -89,11 +92,17 @@ def unwrap_boxed(answer: str) -> str:
     """Return `answer` without an enclosing ``\\boxed{...}`` (``"\\boxed{204}"`` -> ``"204"``).
 
     Only a box spanning the whole (stripped) string is removed, so ``"\\boxed{1}+\\boxed{2}"`` is kept as is;
-    escaped braces (``\\{``, ``\\}``) inside the box do not count as grouping braces.
+    braces are matched as `math_reward` matches them (`extract_boxed_answer`: escaped braces do not group).
     """
     text = answer.strip()
-    while text.startswith("\\boxed{") and _closing_brace(text, len("\\boxed{") - 1) == len(text) - 1:
-        text = text[len("\\boxed{") : -1].strip()
+    while text.startswith("\\boxed{") and text.endswith("}"):
+        inside = text[len("\\boxed{") : -1]
+        # extract_boxed_answer reads the last box; with the inner boxes renamed (same brace structure) the outer
+        # box is the last one, and it spans the answer when it holds everything up to the final brace.
+        renamed = _BOX_COMMAND.sub(r"\\_", inside)
+        if (extract_boxed_answer(f"\\boxed{{{renamed}}}") or "") != renamed.strip():
+            break
+        text = inside.strip()
     return text
 
 
@@ -120,14 +129,9 @@ def load_dapo_math(
     DAPO's wrapper is removed with `strip_dapo_wrapper` and the prompt rebuilt with `math_prompt`.
     """
     return _load(
-        [source],
-        _DAPO_LAYOUT,
-        split=split,
-        suffixes=LOCAL_SUFFIXES,
-        allow_hub=True,
-        drop_invalid=drop_invalid,
+        [source], _DAPO_LAYOUT, split=split, suffixes=LOCAL_SUFFIXES, allow_hub=True, drop_invalid=drop_invalid,
         deduplicate=deduplicate,
-    )
+    )  # fmt: skip
 
 
 def load_verl_parquet(
@@ -151,14 +155,9 @@ def load_verl_parquet(
     """
     paths = [path_or_paths] if isinstance(path_or_paths, (str, os.PathLike)) else list(path_or_paths)
     return _load(
-        paths,
-        _VERL_LAYOUT,
-        split="train",
-        suffixes=(".parquet",),
-        allow_hub=False,
-        drop_invalid=drop_invalid,
+        paths, _VERL_LAYOUT, split="train", suffixes=(".parquet",), allow_hub=False, drop_invalid=drop_invalid,
         deduplicate=deduplicate,
-    )
+    )  # fmt: skip
 
 
 def load_math_dataset(
@@ -196,14 +195,9 @@ def load_math_dataset(
         data_source=data_source,
     )
     return _load(
-        [path],
-        layout,
-        split=split,
-        suffixes=LOCAL_SUFFIXES,
-        allow_hub=True,
-        drop_invalid=drop_invalid,
+        [path], layout, split=split, suffixes=LOCAL_SUFFIXES, allow_hub=True, drop_invalid=drop_invalid,
         deduplicate=deduplicate,
-    )
+    )  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -249,18 +243,38 @@ def _load(
 
     Every local path is checked before anything is read.
     """
-    readers: list[tuple[Callable[[], pa.Table | list[Any]], str, str]] = []  # (read, label, default data source)
+    readers: list[tuple[Callable[[], Dataset], str, str]] = []  # (read, label, default data source)
     for source in sources:
         if allow_hub and _is_hub_id(source):
-            readers.append((partial(_read_hub, str(source), split), f"{source} (split {split!r})", str(source)))
+            readers.append(
+                (lambda hub_id=str(source): _read_hub(hub_id, split), f"{source} (split {split!r})", source)
+            )
         else:
-            files = _local_files(source, suffixes)
-            readers.extend((partial(_read_local, file), str(file), file.stem) for file in files)
-    parts = [
-        _extract(read(), label, layout, default_data_source=default, prededuplicate=deduplicate)
-        for read, label, default in readers
-    ]
-    return _build_dataset(parts, layout, drop_invalid=drop_invalid, deduplicate=deduplicate)
+            readers += [
+                (lambda file=file: _read_local(file), str(file), file.stem) for file in _local_files(source, suffixes)
+            ]
+    rows = pd.concat(
+        [_rows(read(), label, layout, default, drop_invalid) for read, label, default in readers], ignore_index=True
+    )
+    sources_label = ", ".join(label for _, label, _ in readers)
+    invalid = rows["error"].notna()
+    if invalid.any():
+        logger.warning(
+            "%s: dropped %d invalid row(s) (drop_invalid=True); the first: %s",
+            sources_label, invalid.sum(), rows["error"][invalid].iloc[0],
+        )  # fmt: skip
+        rows = rows[~invalid]
+    if deduplicate:
+        unique = rows.drop_duplicates(["problem", "solution"])
+        logger.info(
+            "%s: dropped %d duplicate row(s) (same problem and answer); %d unique problem(s) remain",
+            sources_label, len(rows) - len(unique), len(unique),
+        )  # fmt: skip
+        rows = unique
+    if rows.empty:
+        raise ValueError(f"{sources_label}: no usable rows (dropped {invalid.sum()} invalid row(s))")
+    rows = rows.assign(prompt=rows["problem"].map(math_prompt))
+    return Dataset.from_pandas(rows[_COLUMNS], preserve_index=False)
 
 
 def _is_hub_id(source: str | os.PathLike) -> bool:
@@ -291,222 +305,119 @@ def _local_files(path: str | os.PathLike, suffixes: tuple[str, ...]) -> list[Pat
     return [path]
 
 
-def _read_local(file: Path) -> pa.Table | list[Any]:
-    """Read a parquet file as an Arrow table, a json / jsonl file as a list of records (types kept as written)."""
-    if file.name.lower().endswith(".parquet"):
-        return pq.read_table(file)
-    text = file.read_text(encoding="utf-8")
-    if file.name.lower().endswith(".json"):
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as error:
-            if not error.msg.startswith("Extra data"):  # anything but JSON lines stored as .json
-                raise ValueError(f"'{file}': not valid JSON: {error}") from None
-        else:
-            if isinstance(data, dict) and len(data) == 1 and isinstance(next(iter(data.values())), list):
-                data = next(iter(data.values()))  # {"data": [...]}
-            if not isinstance(data, list):
-                raise ValueError(
-                    f"'{file}': expected a JSON list of records (or JSON lines), got {type(data).__name__}"
-                )
-            return data
-    records = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        if line.strip():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as error:
-                raise ValueError(f"'{file}': line {number} is not valid JSON: {error}") from None
-    return records
-
-
-def _read_hub(hub_id: str, split: str) -> pa.Table:
-    """Load one split of a Hub dataset as an Arrow table."""
+def _read_local(file: Path) -> Dataset:
+    """Read one parquet, JSON-lines or JSON file (a list of records, or ``{"<name>": [records]}``)."""
+    builder = "parquet" if file.suffix.lower() == ".parquet" else "json"
     try:
-        dataset = datasets.load_dataset(hub_id, split=split)
+        dataset = datasets.load_dataset(builder, data_files=str(file), split="train")
+        if builder == "json" and dataset.num_rows == 1 and len(dataset.column_names) == 1:
+            (name,) = dataset.column_names
+            if isinstance(dataset[0][name], list):  # {"data": [...]}: the records are in that field
+                dataset = datasets.load_dataset("json", data_files=str(file), field=name, split="train")
+        if builder == "json":
+            dataset.data.validate(full=True)  # Arrow reads JSON text without checking that it is UTF-8
+    except (UnicodeDecodeError, pa.ArrowInvalid) as error:
+        raise ValueError(f"'{file}': not UTF-8 text ({error}); save the file as UTF-8") from None
+    except datasets.exceptions.DatasetGenerationError as error:
+        raise ValueError(f"'{file}': {_json_problem(file) or error.__cause__ or error}") from None
+    return dataset
+
+
+def _json_problem(file: Path) -> str | None:
+    """The first line of a JSON-lines file that is not valid JSON, described (None when every line parses)."""
+    if file.suffix.lower() == ".parquet":
+        return None
+    with open(file, encoding="utf-8") as lines:
+        for number, line in enumerate(lines, start=1):
+            try:
+                if line.strip():
+                    json.loads(line)
+            except json.JSONDecodeError as error:
+                return f"line {number} is not valid JSON: {error}"
+    return None
+
+
+def _read_hub(hub_id: str, split: str) -> Dataset:
+    """Load one split of a Hub dataset."""
+    try:
+        return datasets.load_dataset(hub_id, split=split)
     except Exception as error:
         raise OSError(
             f"'{hub_id}' is not a local file or directory, and loading it as a Hugging Face Hub dataset "
             f"(split {split!r}) failed: {type(error).__name__}: {error}. Pass a local path, or check the id, the "
             "split and the network (HF_HUB_OFFLINE)."
         ) from error
-    return dataset.with_format("arrow")[:]
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Extracting the fields of every row
+# Validating rows (shared by every loader)
 
 
-@dataclass
-class _Extracted:
-    """The raw fields of one source, after the optional pre-pass over exact duplicates."""
+def _rows(dataset: Dataset, label: str, layout: _Layout, default_data_source: str, drop_invalid: bool) -> pd.DataFrame:
+    """The problem, solution, data source and id of every row of one source, and why a row is unusable (``error``).
 
-    label: str  # names the source in messages
-    problems: list  # raw problem values (None where missing)
-    answers: list  # raw answer values (None where missing)
-    data_sources: list
-    ids: list
-    rows: list[int]  # row index in the source of each entry
-    counts: list[int]  # how many source rows each entry stands for (identical raw problem and answer)
-    problem_issue: Callable[[int], str | None]  # why a row's problem is unusable beyond "missing", if known
-
-
-def _extract(
-    data: pa.Table | list[Any],
-    label: str,
-    layout: _Layout,
-    *,
-    default_data_source: str,
-    prededuplicate: bool,
-) -> _Extracted:
-    """Pull the problem, answer, data source and id of every row out of a table or list of records.
-
-    With `prededuplicate`, rows repeating an earlier row's raw problem and answer are collapsed into it
-    (vectorised, for the 1.79M-row DAPO copy); `counts` keeps how many rows each entry stands for.
+    Raises on the first unusable row unless `drop_invalid`.
     """
-    columns = _column_names(data)
     required = [("problem_field", layout.problem_field), ("answer_field", layout.answer_field)]
     if layout.id_required:
         required.append(("id_field", layout.id_field))
     for parameter, field in required:
-        if field.split(".")[0] not in columns:
+        if field.split(".")[0] not in dataset.column_names:
             fix = layout.missing_column_fix or (
                 f"Set {parameter} to the field that holds it (dotted paths reach nested fields)"
             )
             raise ValueError(
                 f"{label}: no column {field.split('.')[0]!r} (for {parameter}={field!r}); "
-                f"available columns: {sorted(columns)}. {fix}."
+                f"available columns: {sorted(dataset.column_names)}. {fix}."
             )
-    num_rows = data.num_rows if isinstance(data, pa.Table) else len(data)
+    fields = {"problem": layout.problem_field, "answer": layout.answer_field}
+    if layout.id_field is not None and layout.id_field.split(".")[0] in dataset.column_names:
+        fields["id"] = layout.id_field
+    if layout.data_source is None and "data_source" in dataset.column_names:
+        fields["data_source"] = "data_source"
+    columns = dataset.select_columns(list({field.split(".")[0] for field in fields.values()})).to_dict()
+    values = {name: _field(columns, field) for name, field in fields.items()}
+    none = [None] * dataset.num_rows
 
-    bad_prompt_rows: set[int] = set()
-    if layout.chat_prompt:
-        problems, bad_prompt_rows = _chat_content(data, layout.problem_field)
-    else:
-        problems = _field(data, layout.problem_field)
-    answers = _field(data, layout.answer_field)
-    has_ids = layout.id_field is not None and layout.id_field.split(".")[0] in columns
-    ids = _field(data, layout.id_field) if has_ids else None
-    data_sources = _field(data, "data_source") if layout.data_source is None and "data_source" in columns else None
-
-    rows = list(range(num_rows))
-    counts = [1] * num_rows
-    if prededuplicate and isinstance(problems, pa.ChunkedArray) and isinstance(answers, pa.ChunkedArray):
-        firsts = _first_of_exact_duplicates(problems, answers)
-        if firsts is not None:
-            rows, counts = firsts
-            keep = np.zeros(num_rows, dtype=bool)
-            keep[rows] = True
-            keep = pa.array(keep)  # a filter works chunk by chunk, where a take would first concatenate the chunks
-
-            def first_rows(values: Any) -> Any:
-                return values.filter(keep) if isinstance(values, pa.ChunkedArray) else values
-
-            problems, answers, ids, data_sources = map(first_rows, (problems, answers, ids, data_sources))
-
-    def as_list(values: Any) -> list:
-        if values is None:
-            return [None] * len(rows)
-        values = values.to_pylist() if isinstance(values, pa.ChunkedArray) else values
-        return values if len(values) == len(rows) else [values[row] for row in rows]
-
-    def problem_issue(row: int) -> str | None:
-        if row not in bad_prompt_rows:
-            return None
-        return _describe_chat_prompt(_python_field(_row(data, row), layout.problem_field.split(".")))
-
-    fallback_source = layout.data_source or default_data_source
-    return _Extracted(
-        label=label,
-        problems=as_list(problems),
-        answers=as_list(answers),
-        data_sources=[fallback_source if source is None else str(source) for source in as_list(data_sources)],
-        ids=as_list(ids),
-        rows=rows,
-        counts=counts,
-        problem_issue=problem_issue,
-    )
+    rows: dict[str, list] = {"problem": [], "solution": [], "data_source": [], "id": [], "error": []}
+    for row, (problem, answer, data_source, row_id) in enumerate(
+        zip(values["problem"], values["answer"], values.get("data_source", none), values.get("id", none))
+    ):
+        problem_error = _describe_chat_prompt(problem) if layout.chat_prompt else None
+        if problem_error is None:
+            problem, problem_error = _clean_problem(
+                problem[0].get("content") if layout.chat_prompt else problem, layout
+            )
+        answer, answer_error = _clean_answer(answer)
+        field, error = (layout.problem_field, problem_error) if problem_error else (layout.answer_field, answer_error)
+        if error is not None:
+            error = f"{label}: row {row}: field {field!r} {error}"
+            if not drop_invalid:
+                raise ValueError(f"{error}. Fix the data, or {_DROP_HINT}.")
+        data_source = layout.data_source or (default_data_source if data_source is None else str(data_source))
+        rows["problem"].append(problem)
+        rows["solution"].append(answer)
+        rows["data_source"].append(data_source)
+        rows["id"].append(f"{data_source}-{row}" if row_id is None else str(row_id))
+        rows["error"].append(error)
+    return pd.DataFrame(rows)
 
 
-def _column_names(data: pa.Table | list[Any]) -> set[str]:
-    """The top-level columns of a table, or the keys found in any of the records."""
-    if isinstance(data, pa.Table):
-        return set(data.column_names)
-    return {key for record in data if isinstance(record, dict) for key in record}
-
-
-def _row(data: pa.Table | list[Any], row: int) -> Any:
-    return data.slice(row, 1).to_pylist()[0] if isinstance(data, pa.Table) else data[row]
-
-
-def _field(data: pa.Table | list[Any], field: str) -> pa.ChunkedArray | list:
-    """Return a (dotted) field of every row: an Arrow array where it can be computed vectorised, else a list.
-
-    Missing values (null, absent key, list index out of range) come back as None.
-    """
-    path = field.split(".")
-    if isinstance(data, pa.Table):
-        values = data.column(path[0])
-        try:
-            for key in path[1:]:
-                if pa.types.is_struct(values.type):
-                    values = pc.struct_field(values, key)
-                elif (pa.types.is_list(values.type) or pa.types.is_large_list(values.type)) and key.isdigit():
-                    values = pc.list_element(values, int(key))
-                else:
-                    raise TypeError(f"cannot take {key!r} from {values.type}")
-            return values
-        except (pa.ArrowException, KeyError, TypeError, ValueError):  # irregular rows: walk them one by one
-            return [_python_field(value, path[1:]) for value in data.column(path[0]).to_pylist()]
-    return [_python_field(record, path) for record in data]
-
-
-def _python_field(value: Any, path: Sequence[str]) -> Any:
-    """Walk `path` (keys of dicts, indices of lists) into `value`; None where a step is missing."""
+def _field(columns: dict[str, list], field: str) -> list:
+    """A (dotted) field of every row: ``"meta.gold"`` is a key of a record, ``"prompt.0"`` an item of a list."""
+    column, *path = field.split(".")
+    values = columns[column]
     for key in path:
-        if isinstance(value, dict):
-            value = value.get(key)
-        elif isinstance(value, (list, tuple)) and key.isdigit() and int(key) < len(value):
-            value = value[int(key)]
-        else:
-            return None
-        if value is None:
-            return None
-    return value
+        values = [_item(value, key) for value in values]
+    return values
 
 
-def _chat_content(data: pa.Table | list[Any], field: str) -> tuple[pa.ChunkedArray | list, set[int]]:
-    """Return the content of a veRL chat prompt for every row, and the rows not holding exactly one user message.
-
-    The content of such rows is None. The common case (every row a list of one message) is zero-copy in Arrow.
-    """
-    if isinstance(data, pa.Table) and "." not in field:
-        prompts = data.column(field)
-        if (
-            (pa.types.is_list(prompts.type) or pa.types.is_large_list(prompts.type))
-            and pa.types.is_struct(prompts.type.value_type)
-            and {"role", "content"} <= {child.name for child in prompts.type.value_type}
-            and prompts.null_count == 0
-            and len(prompts) > 0
-            and pc.all(pc.equal(pc.list_value_length(prompts), 1)).as_py()
-        ):
-            messages = pc.list_flatten(prompts)  # one message per row: aligned with the rows
-            is_user = pc.fill_null(pc.equal(pc.struct_field(messages, "role"), "user"), False)
-            bad_rows = set(pc.indices_nonzero(pc.invert(is_user)).to_pylist())
-            content = pc.struct_field(messages, "content")
-            if bad_rows:
-                content = pc.if_else(is_user, content, pa.scalar(None, type=content.type))
-            return content, bad_rows
-    prompts = _field(data, field)
-    prompts = prompts.to_pylist() if isinstance(prompts, pa.ChunkedArray) else prompts
-    contents, bad_rows = [], set()
-    for row, prompt in enumerate(prompts):
-        if _describe_chat_prompt(prompt) is None:
-            contents.append(prompt[0].get("content"))
-        else:
-            contents.append(None)
-            bad_rows.add(row)
-    return contents, bad_rows
+def _item(value: Any, key: str) -> Any:
+    """``value[key]`` (a list index when `key` is a number), None where there is no such item."""
+    try:
+        return value[int(key)] if isinstance(value, list) else value[key]
+    except (KeyError, IndexError, TypeError, ValueError):
+        return None
 
 
 def _describe_chat_prompt(prompt: Any) -> str | None:
@@ -514,7 +425,7 @@ def _describe_chat_prompt(prompt: Any) -> str | None:
     expected = 'a list holding one {"role": "user", "content": <problem>} message'
     if prompt is None:
         return "is missing"
-    if not isinstance(prompt, (list, tuple)):
+    if not isinstance(prompt, list):
         return f"must be {expected}, got a {type(prompt).__name__}"
     roles = [message.get("role") if isinstance(message, dict) else type(message).__name__ for message in prompt]
     if len(prompt) != 1 or roles != ["user"]:
@@ -522,87 +433,13 @@ def _describe_chat_prompt(prompt: Any) -> str | None:
     return None
 
 
-def _first_of_exact_duplicates(
-    problems: pa.ChunkedArray, answers: pa.ChunkedArray
-) -> tuple[list[int], list[int]] | None:
-    """Group rows with identical raw (problem, answer): each group's first row and size, in row order.
-
-    Returns None where Arrow cannot group these types (the caller then handles every row in Python).
-    """
-    table = pa.table({"problem": problems, "answer": answers, "row": pa.array(range(len(problems)), pa.int64())})
-    try:
-        groups = table.group_by(["problem", "answer"], use_threads=False).aggregate([("row", "min"), ("row", "count")])
-    except (pa.ArrowNotImplementedError, pa.ArrowTypeError, pa.ArrowInvalid):
-        return None
-    groups = groups.sort_by("row_min")
-    return groups.column("row_min").to_pylist(), groups.column("row_count").to_pylist()
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Validating rows and building the prompt dataset (shared by every loader)
-
-
-def _build_dataset(parts: list[_Extracted], layout: _Layout, *, drop_invalid: bool, deduplicate: bool) -> Dataset:
-    """Validate every row, build its prompt, drop invalid rows / duplicates as asked, and make the Dataset."""
-    columns: dict[str, list] = {"prompt": [], "solution": [], "problem": [], "data_source": [], "id": []}
-    seen: set[tuple[str, str]] = set()
-    invalid = duplicates = 0
-    first_invalid = ""
-    for part in parts:
-        for problem, answer, data_source, row_id, row, count in zip(
-            part.problems, part.answers, part.data_sources, part.ids, part.rows, part.counts
-        ):
-            problem, problem_error = _clean_problem(problem, layout.clean_problem)
-            if problem_error is not None:
-                problem_error = part.problem_issue(row) or problem_error
-            answer, answer_error = _clean_answer(answer)
-            if problem_error is not None:
-                field, error = layout.problem_field, problem_error
-            else:
-                field, error = layout.answer_field, answer_error
-            if error is not None:
-                message = f"{part.label}: row {row}: field {field!r} {error}"
-                if not drop_invalid:
-                    raise ValueError(f"{message}. Fix the data, or {_DROP_HINT}.")
-                invalid += count
-                first_invalid = first_invalid or message
-                continue
-            if deduplicate:
-                key = (problem, answer)
-                if key in seen:
-                    duplicates += count
-                    continue
-                seen.add(key)
-            duplicates += count - 1
-            columns["prompt"].append(math_prompt(problem))
-            columns["solution"].append(answer)
-            columns["problem"].append(problem)
-            columns["data_source"].append(data_source)
-            columns["id"].append(str(row_id) if row_id is not None else f"{data_source}-{row}")
-    sources = ", ".join(part.label for part in parts)
-    if invalid:
-        logger.warning(
-            "%s: dropped %d invalid row(s) (drop_invalid=True); the first: %s", sources, invalid, first_invalid
-        )
-    if deduplicate:
-        logger.info(
-            "%s: dropped %d duplicate row(s) (same problem and answer); %d unique problem(s) remain",
-            sources,
-            duplicates,
-            len(columns["prompt"]),
-        )
-    if not columns["prompt"]:
-        raise ValueError(f"{sources}: no usable rows (dropped {invalid} invalid row(s))")
-    return Dataset.from_dict(columns)
-
-
-def _clean_problem(value: Any, clean: Callable[[str], str]) -> tuple[str, str | None]:
+def _clean_problem(value: Any, layout: _Layout) -> tuple[str, str | None]:
     """Return the cleaned problem text, or an error describing why `value` is not a usable problem."""
     if value is None:
         return "", "is missing"
     if not isinstance(value, str):
         return "", f"must be a string, got {type(value).__name__} {value!r:.60}"
-    problem = clean(value)
+    problem = layout.clean_problem(value)
     return problem, None if problem else "is empty"
 
 
@@ -616,22 +453,3 @@ def _clean_answer(value: Any) -> tuple[str, str | None]:
         return "", f"must be a finite number, got {value!r}"
     answer = unwrap_boxed(str(value))
     return answer, None if answer else "is empty"
-
-
-def _closing_brace(text: str, opening: int) -> int:
-    """Index of the brace closing the one at `opening` (-1 if unbalanced); backslash-escaped braces are skipped."""
-    depth = 0
-    index = opening
-    while index < len(text):
-        char = text[index]
-        if char == "\\":
-            index += 2
-            continue
-        if char == "{":
-            depth += 1
-        elif char == "}":
-            depth -= 1
-            if depth == 0:
-                return index
-        index += 1
-    return -1
