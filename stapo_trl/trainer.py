@@ -191,7 +191,8 @@ class STAPOTrainer(GRPOTrainer):
         Needs log π_θ and H of every loss token of the step under the step's weights. Where TRL's no-grad forward of
         the old log-probabilities ran at these same weights (the first optimizer step of a generation batch, when TRL
         runs that forward at all), its values are used; otherwise a no-grad forward runs micro-batch by micro-batch,
-        keeping only the per-token log-probabilities and entropies. Returns the micro-batches with the decision attached.
+        keeping only the per-token log-probabilities and entropies. Returns the micro-batches with the decision
+        attached.
         """
         reuse = self._old_forward_step == self.state.global_step and all(
             "old_per_token_entropies" in micro_batch for micro_batch in micro_batches
@@ -372,6 +373,49 @@ class STAPOTrainer(GRPOTrainer):
         gathered_high_clip = self.accelerator.gather(masked_seq_mean(is_high_clipped.float()))
         self._metrics[mode]["clip_ratio/high_max"].append(nanmax(gathered_high_clip).item())
         return loss
+
+    # --- Saving: the model card with the S2T settings, and checkpoints that are complete or absent ---
+
+    def create_model_card(self, model_name=None, dataset_name=None, tags=None):
+        """Write `<output_dir>/README.md`: the method, its S2T settings and, when an evaluation summary lies in
+        `output_dir`, its table (`stapo_trl.model_card`)."""
+        if not self.is_world_process_zero():
+            return
+        import os
+
+        from .model_card import model_card
+
+        tags = [tags] if isinstance(tags, str) else list(tags or [])
+        card = model_card(
+            self.args,
+            base_model=get_config_model_id(self.model.config),
+            model_name=model_name or os.path.basename(os.path.normpath(self.args.output_dir)),
+            hub_model_id=self.hub_model_id,
+            dataset_name=dataset_name,
+            tags=sorted(set(tags) | set(self._tag_names)),
+            trainer_name=self._name,
+            paper=self._paper,
+        )
+        card.save(os.path.join(self.args.output_dir, "README.md"))
+
+    def _save_checkpoint(self, model, trial):
+        """Trainer's checkpoint save. When it fails (disk full, no permission), the partial `checkpoint-N` folder is
+        removed, so that nothing resumes from it, and the error names the folder and the reason."""
+        import os
+        import shutil
+
+        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+        from .output_dir import describe_save_failure
+
+        run_dir = self._get_output_dir(trial=trial)
+        checkpoint = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        try:
+            super()._save_checkpoint(model, trial)
+        except Exception as error:  # torch.save reports a full disk as a RuntimeError, safetensors as its own type
+            if self.args.should_save:
+                shutil.rmtree(checkpoint, ignore_errors=True)
+            raise OSError(describe_save_failure(checkpoint, error)) from error
 
 
 def _loss_mask(inputs) -> torch.Tensor:

@@ -1,7 +1,9 @@
 """Run by tests/test_distributed.py under `accelerate launch --multi_gpu --num_processes 2` (gloo on CPU).
 
-Each process holds half of a fixed batch. Checks that every process silences exactly the rows of the single-process
-mask of the whole batch, and that the process-averaged gradient equals the single-process Eq. 6 gradient.
+The same 16 completions as tests/test_trainer.py's invariance test, now split over 2 processes x (batch 4,
+accumulation 2). Checks that the step's silenced set is the single-process Eq. 6 set of the 16, that the
+process-averaged gradient equals the Eq. 6 gradient, that the logged entropy quantiles are those of all 16 completions'
+loss tokens, and that scope "micro_batch" gives another gradient. Then two real training steps.
 """
 
 import sys
@@ -11,13 +13,20 @@ import torch
 import torch.distributed as dist
 from conftest import cpu_config, length_reward
 from datasets import Dataset
-from eq6 import s2t_silenced, stapo_loss, token_logps_and_entropies
-from test_trainer import TEST_TAU_P, make_inputs
+from eq6 import s2t_silenced, token_logps_and_entropies
+from test_trainer import TEST_TAU_P, eq6_reference, grads_differ, make_inputs, split_rows, step_gradient
 
 from stapo_trl import STAPOTrainer
 from stapo_trl.s2t import spurious_token_mask
 from stapo_trl.toy.model import tiny_qwen3
 from stapo_trl.toy.tokenizer import build_tokenizer
+
+
+def mean_over_processes(grads, world):
+    for grad in grads.values():
+        dist.all_reduce(grad, op=dist.ReduceOp.SUM)
+        grad /= world
+    return grads
 
 
 def main():
@@ -27,64 +36,59 @@ def main():
     trainer = STAPOTrainer(
         model=tiny_qwen3(tokenizer, seed=0),
         reward_funcs=length_reward,
-        args=cpu_config(output_dir, spurious_prob_threshold=TEST_TAU_P, max_steps=2, learning_rate=1e-2),
+        args=cpu_config(
+            output_dir, spurious_prob_threshold=TEST_TAU_P, max_steps=2, learning_rate=1e-2,
+            per_device_train_batch_size=4, gradient_accumulation_steps=2,
+        ),
         train_dataset=prompts,
         processing_class=tokenizer,
-    )
+    )  # fmt: skip
     accelerator = trainer.accelerator
     rank, world = accelerator.process_index, accelerator.num_processes
     assert world == 2, f"expected 2 processes, got {world}"
 
-    full = make_inputs(len(tokenizer), seed=5)
-    rows = slice(rank * 3, rank * 3 + 3)
-    local = {key: value[rows] if value.dim() else value for key, value in full.items()}  # num_items stays global
+    full = make_inputs(len(tokenizer), batch=16, seed=8)  # num_items_in_batch: all 16, as TRL gathers it
+    rows = slice(rank * 8, rank * 8 + 8)
+    local = {key: value[rows] if value.dim() else value for key, value in full.items()}
 
-    # 1. Masks: each process's mask equals its rows of the single-process mask of the whole batch.
+    # 1. The pure mask with `gather`: each process's mask equals its rows of the single-process mask of the batch.
     reference_model = tiny_qwen3(tokenizer, seed=0)
     with torch.no_grad():
         logps, entropies = token_logps_and_entropies(reference_model, full)
-    whole = spurious_token_mask(
-        logps, entropies, full["advantages"], full["completion_mask"], prob_threshold=TEST_TAU_P, entropy_quantile=0.75
-    )
-    assert torch.equal(whole, s2t_silenced(logps, entropies, full["advantages"], full["completion_mask"], TEST_TAU_P, 0.75))
+    whole = s2t_silenced(logps, entropies, full["advantages"], full["completion_mask"], TEST_TAU_P, 0.75)
+    kwargs = dict(prob_threshold=TEST_TAU_P, entropy_quantile=0.75)
     mine = spurious_token_mask(
-        logps[rows],
-        entropies[rows],
-        local["advantages"],
-        local["completion_mask"],
-        prob_threshold=TEST_TAU_P,
-        entropy_quantile=0.75,
-        gather=trainer._gather_candidate_entropies,
-    )
+        logps[rows], entropies[rows], local["advantages"], local["completion_mask"],
+        gather=trainer._gather_candidate_entropies, **kwargs,
+    )  # fmt: skip
     assert torch.equal(mine, whole[rows]), f"rank {rank}: mask differs from the single-process mask"
-    # Without pooling, this process's own quantile would differ: the check above is not vacuous.
-    alone = spurious_token_mask(
-        logps[rows], entropies[rows], local["advantages"], local["completion_mask"], prob_threshold=TEST_TAU_P,
-        entropy_quantile=0.75,
-    )
+    alone = spurious_token_mask(logps[rows], entropies[rows], local["advantages"], local["completion_mask"], **kwargs)
     differs = torch.tensor(float(not torch.equal(alone, whole[rows])))
     assert accelerator.reduce(differs, reduction="sum").item() > 0, "pooling changed nothing: pick another batch"
 
-    # 2. Gradients: the mean over processes (what DDP applies) equals the single-process Eq. 6 gradient.
-    model = trainer.model
-    model.train()
-    model.zero_grad()
-    trainer.current_gradient_accumulation_steps = 1
-    trainer._compute_loss(model, local).backward()
-    for parameter in model.parameters():
-        dist.all_reduce(parameter.grad, op=dist.ReduceOp.SUM)
-        parameter.grad /= world
-    loss, silenced = stapo_loss(
-        reference_model, full, prob_threshold=TEST_TAU_P, entropy_quantile=0.75, epsilon_low=0.2, epsilon_high=0.28
-    )
-    loss.backward()
-    assert silenced.any()
-    for (name, parameter), reference in zip(model.named_parameters(), reference_model.parameters(), strict=True):
-        torch.testing.assert_close(parameter.grad, reference.grad, rtol=1e-4, atol=1e-6, msg=name)
-    logged = trainer._metrics["train"]["spurious/silenced_count"][-1]
-    assert logged == silenced.sum().item(), (logged, silenced.sum().item())
+    # 2. Scope "step", 2 micro-batches per process: the Eq. 6 silenced set and gradient of the 16 completions.
+    expected, reference_silenced = eq6_reference(tokenizer, full)
+    assert torch.equal(reference_silenced, whole)
+    grads, silenced = step_gradient(trainer, split_rows(local, [4, 4]))
+    assert torch.equal(torch.cat(silenced), whole[rows]), f"rank {rank}: step decision differs from Eq. 6"
+    grads = mean_over_processes(grads, world)  # what DDP applies
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, expected[name], rtol=1e-4, atol=1e-6, msg=name)
+    metrics = trainer._metrics["train"]
+    assert metrics["spurious/silenced_count"] == [whole.sum().item()], metrics["spurious/silenced_count"]
+    loss_entropies = entropies[full["completion_mask"].bool()]
+    for name, q in (("p50", 0.5), ("p80", 0.8), ("p95", 0.95)):  # over both processes' values
+        expected_quantile = torch.quantile(loss_entropies, q).item()
+        assert abs(metrics[f"entropy/{name}"][-1] - expected_quantile) <= 1e-5 * expected_quantile, name
 
-    # 3. Real training steps: the collectives line up across processes.
+    # 3. Scope "micro_batch": each micro-batch decides alone (over both processes): another gradient.
+    trainer.args.spurious_mask_scope = "micro_batch"
+    grads, _ = step_gradient(trainer, split_rows(local, [4, 4]))
+    grads = mean_over_processes(grads, world)
+    assert grads_differ(grads, expected), "scope micro_batch gave the step's gradient: the check above is vacuous"
+    trainer.args.spurious_mask_scope = "step"
+
+    # 4. Real training steps: the collectives line up across processes.
     trainer.train()
     assert any("spurious/silenced_ratio" in entry for entry in trainer.state.log_history)
     print(f"rank {rank}: distributed S2T OK", flush=True)

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from stapo_trl.s2t import MASK_MODES, masked_quantile, spurious_token_mask
+from stapo_trl.s2t import MASK_MODES, masked_quantile, pooled_spurious_token_masks, spurious_token_mask
 
 TAU_P = 0.002
 
@@ -198,3 +198,35 @@ def test_masked_quantile_matches_torch_quantile(count):
 def test_masked_quantile_of_nothing_is_nan():
     assert torch.isnan(masked_quantile(torch.empty(0), torch.empty(0, dtype=torch.bool), [0.5, 0.8])).all()
     assert torch.isnan(masked_quantile(torch.ones(3, 4), torch.zeros(3, 4, dtype=torch.bool), 0.5))
+
+
+def test_pooled_decision_does_not_depend_on_the_split():
+    # The two rows as one batch, or as two batches of one row (of different lengths): the same mask.
+    whole, _, threshold = mask(return_details=True)
+    parts, candidates, pooled_threshold = pooled_spurious_token_masks(
+        [logp(PROBS)[:1], logp(PROBS)[1:, :3]],
+        [ENTROPIES[:1], ENTROPIES[1:, :3]],
+        [ADVANTAGES[:1], ADVANTAGES[1:]],
+        [LOSS_MASK[:1], LOSS_MASK[1:, :3]],
+        prob_threshold=TAU_P,
+        entropy_quantile=0.75,
+        return_details=True,
+    )
+    assert pooled_threshold.item() == pytest.approx(threshold.item()) == pytest.approx(2.25)
+    assert [part.shape for part in parts] == [(1, 5), (1, 3)]
+    assert positions(parts[0]) == [(0, 0), (0, 1), (0, 3)] and not parts[1].any()
+    assert positions(candidates[0]) == [(0, 0), (0, 1), (0, 3), (0, 4)]
+
+
+def test_one_candidate_per_batch_is_silenced_only_when_pooled():
+    # Four micro-batches with one candidate each (entropies 0.5, 1.0, 2.0, 3.0). Pooled, the 0.75-quantile is 2.25 and
+    # the three below it are silenced (the q share); each micro-batch alone is its own quantile and keeps it.
+    entropies = [torch.tensor([[value, 0.1]]) for value in (2.0, 0.5, 3.0, 1.0)]
+    logps = [logp([[0.001, 0.5]])] * 4
+    advantages = [torch.tensor([1.0])] * 4
+    loss_masks = [torch.ones(1, 2)] * 4
+    kwargs = dict(prob_threshold=TAU_P, entropy_quantile=0.75)
+    pooled = pooled_spurious_token_masks(logps, entropies, advantages, loss_masks, **kwargs)
+    assert [bool(part[0, 0]) for part in pooled] == [True, True, False, True]
+    alone = [spurious_token_mask(*tensors, **kwargs) for tensors in zip(logps, entropies, advantages, loss_masks)]
+    assert not any(part.any() for part in alone)

@@ -3,6 +3,7 @@
 import copy
 import dataclasses
 import json
+import math
 
 import pytest
 import torch
@@ -19,7 +20,10 @@ TEST_TAU_P = 0.02
 
 
 def make_inputs(vocab_size, batch=6, prompt_length=5, completion_length=7, seed=0, old_logps_noise=None, model=None):
-    """A micro-batch as GRPOTrainer's _prepare_inputs hands it to the loss (single process, on-policy)."""
+    """A micro-batch as GRPOTrainer's _prepare_inputs hands it to the loss (single process, on-policy).
+
+    Up to 6 completions have fixed advantages and lengths; beyond that they are drawn from `seed`.
+    """
     generator = torch.Generator().manual_seed(seed)
     prompt_ids = torch.randint(3, vocab_size, (batch, prompt_length), generator=generator)
     completion_ids = torch.randint(3, vocab_size, (batch, completion_length), generator=generator)
@@ -29,6 +33,10 @@ def make_inputs(vocab_size, batch=6, prompt_length=5, completion_length=7, seed=
     completion_mask[1, -3:] = 0  # a completion that ended early
     completion_mask[2, -1:] = 0
     advantages = torch.tensor([1.2, 0.7, -0.4, 0.9, -1.5, 0.0])[:batch]
+    if batch > 6:
+        advantages = torch.cat([advantages, torch.randn(batch - 6, generator=generator)])
+        lengths = torch.randint(2, completion_length + 1, (batch - 6,), generator=generator)
+        completion_mask[6:] = (torch.arange(completion_length) < lengths[:, None]).long()
     inputs = {
         "prompt_ids": prompt_ids,
         "prompt_mask": prompt_mask,
@@ -45,6 +53,16 @@ def make_inputs(vocab_size, batch=6, prompt_length=5, completion_length=7, seed=
     return inputs
 
 
+def split_rows(inputs, sizes):
+    """Consecutive row slices of a batch, as micro-batches; `num_items_in_batch` stays the whole batch's count."""
+    parts, start = [], 0
+    for size in sizes:
+        rows = slice(start, start + size)
+        parts.append({key: value[rows] if value.dim() else value for key, value in inputs.items()})
+        start += size
+    return parts
+
+
 def grpo_config_like(config_kwargs) -> GRPOConfig:
     """The GRPOConfig a user would write for the same run: STAPOConfig's paper defaults, the same overrides."""
     grpo_fields = {f.name: f for f in dataclasses.fields(GRPOConfig)}
@@ -58,7 +76,7 @@ def grpo_config_like(config_kwargs) -> GRPOConfig:
 
 
 def build(trainer_class, model, tokenizer, prompt_dataset, tmp_path, **overrides):
-    config = cpu_config(tmp_path, spurious_prob_threshold=TEST_TAU_P, **overrides)
+    config = cpu_config(tmp_path, **{"spurious_prob_threshold": TEST_TAU_P, **overrides})
     if trainer_class is GRPOTrainer:
         config = grpo_config_like(cpu_settings(output_dir=str(tmp_path), **overrides))
     trainer = trainer_class(
@@ -175,8 +193,8 @@ def test_loss_and_gradients_equal_eq6(old_logps_noise, tokenizer, model, prompt_
     assert not torch.allclose(plain_loss, reference_loss, rtol=1e-3)
 
 
-def test_gradient_accumulation_deviation_is_bounded(tokenizer, model, prompt_dataset, tmp_path):
-    """Two micro-batches per optimizer step: each is renormalized by its own silenced fraction s_k.
+def test_micro_batch_scope_deviation_is_bounded(tokenizer, model, prompt_dataset, tmp_path):
+    """Scope "micro_batch", two micro-batches per optimizer step: each is renormalized by its own silenced share s_k.
 
     The accumulated gradient is Σ_k c_k g*_k with c_k = (1 - s) / (1 - s_k), where g*_k is micro-batch k's share of
     the exact Eq. 6 gradient over the step; so |g - g*| <= max_k |c_k - 1| Σ_k |g*_k|.
@@ -185,7 +203,10 @@ def test_gradient_accumulation_deviation_is_bounded(tokenizer, model, prompt_dat
     total_loss_tokens = sum(int(mb["completion_mask"].sum()) for mb in micro_batches)
     for mb in micro_batches:
         mb["num_items_in_batch"] = torch.tensor(total_loss_tokens)  # TRL counts the whole generation batch
-    trainer = build(STAPOTrainer, model, tokenizer, prompt_dataset, tmp_path, gradient_accumulation_steps=2)
+    trainer = build(
+        STAPOTrainer, model, tokenizer, prompt_dataset, tmp_path, gradient_accumulation_steps=2,
+        spurious_mask_scope="micro_batch",
+    )  # fmt: skip
     trainer.model.train()
     trainer.model.zero_grad()
     for mb in micro_batches:
@@ -222,6 +243,157 @@ def test_gradient_accumulation_deviation_is_bounded(tokenizer, model, prompt_dat
     # The documented weighting holds exactly: g = Σ_k c_k g*_k.
     weighted = {n: factors[0] * shares[0][n] + factors[1] * shares[1][n] for n in exact}
     assert_same_grads(accumulated, weighted, rtol=1e-4, atol=1e-6)
+
+
+def step_gradient(trainer, micro_batches):
+    """One optimizer step's accumulated gradient as the training loop forms it: `_prepare_inputs` decides the step's
+    mask at its first micro-batch (scope "step"), then each micro-batch's loss is backpropagated."""
+    trainer.model.train()
+    trainer.model.zero_grad()
+    trainer.current_gradient_accumulation_steps = len(micro_batches)
+    if trainer.args.spurious_mask_scope == "step":
+        micro_batches = trainer._decide_step(micro_batches)
+    for micro_batch in micro_batches:
+        trainer._compute_loss(trainer.model, micro_batch).backward()
+    grads = {name: p.grad.clone() for name, p in trainer.model.named_parameters() if p.grad is not None}
+    silenced = [mb["spurious_silenced"] for mb in micro_batches] if "spurious_silenced" in micro_batches[0] else None
+    return grads, silenced
+
+
+def eq6_reference(tokenizer, inputs, silenced=None):
+    """Gradient and silenced set of Eq. 6 over the whole batch, from an untouched copy of the initial weights."""
+    reference_model = tiny_qwen3(tokenizer, seed=0)
+    loss, silenced = stapo_loss(
+        reference_model, inputs, silenced, prob_threshold=TEST_TAU_P, entropy_quantile=0.75, epsilon_low=0.2,
+        epsilon_high=0.28,
+    )  # fmt: skip
+    loss.backward()
+    return {name: p.grad for name, p in reference_model.named_parameters() if p.grad is not None}, silenced
+
+
+def grads_differ(grads, expected):
+    return any(not torch.allclose(grads[n], expected[n], rtol=1e-3, atol=1e-6) for n in expected)
+
+
+def test_step_scope_is_invariant_to_the_split_and_equals_eq6(tokenizer, prompt_dataset, tmp_path):
+    """16 completions as (batch 16, accumulation 1) and (batch 4, accumulation 4): the same silenced set and the same
+    gradient, equal to Eq. 6 over the 16 (2 processes x (batch 4, accumulation 2): tests/distributed_s2t.py)."""
+    inputs = make_inputs(len(tokenizer), batch=16, seed=8)
+    expected, reference_silenced = eq6_reference(tokenizer, inputs)
+    assert (
+        0
+        < int(reference_silenced.sum())
+        < int((inputs["completion_mask"] * (inputs["advantages"][:, None] > 0)).sum())
+    )
+    for batch, accumulation in ((16, 1), (4, 4)):
+        trainer = build(
+            STAPOTrainer, tiny_qwen3(tokenizer, seed=0), tokenizer, prompt_dataset, tmp_path / f"b{batch}",
+            per_device_train_batch_size=batch, gradient_accumulation_steps=accumulation,
+        )  # fmt: skip
+        grads, silenced = step_gradient(trainer, split_rows(inputs, [batch] * accumulation))
+        assert torch.equal(torch.cat(silenced), reference_silenced), (batch, accumulation)
+        assert_same_grads(grads, expected, rtol=1e-4, atol=1e-6)
+        metrics = trainer._metrics["train"]
+        assert metrics["spurious/silenced_count"] == [reference_silenced.sum().item()]  # one decision per step
+
+    # Scope "micro_batch" with accumulation 4 decides four times over 4 completions: another gradient.
+    trainer = build(
+        STAPOTrainer, tiny_qwen3(tokenizer, seed=0), tokenizer, prompt_dataset, tmp_path / "micro",
+        gradient_accumulation_steps=4, spurious_mask_scope="micro_batch",
+    )  # fmt: skip
+    grads, _ = step_gradient(trainer, split_rows(inputs, [4] * 4))
+    assert grads_differ(grads, expected)
+    assert len(trainer._metrics["train"]["spurious/silenced_count"]) == 4
+
+
+def one_candidate_per_micro_batch(vocab_size):
+    """4 micro-batches of 4 completions where only row 0 has Â > 0, and that row has a single loss token."""
+    micro_batches = []
+    for seed in range(4):
+        inputs = make_inputs(vocab_size, batch=4, seed=seed)
+        inputs["advantages"] = torch.tensor([1.0, -1.0, -0.5, 0.0])
+        inputs["completion_mask"][0] = 0
+        inputs["completion_mask"][0, 0] = 1
+        micro_batches.append(inputs)
+    total = sum(int(mb["completion_mask"].sum()) for mb in micro_batches)
+    for inputs in micro_batches:
+        inputs["num_items_in_batch"] = torch.tensor(total)
+    return micro_batches
+
+
+@pytest.mark.parametrize("scope, expected_silenced", [("step", 3), ("micro_batch", 0)])
+def test_one_candidate_per_micro_batch(scope, expected_silenced, tokenizer, model, prompt_dataset, tmp_path):
+    # τ_p = 1: every loss token of a positive-advantage completion is a candidate, so there are exactly 4.
+    trainer = build(
+        STAPOTrainer, model, tokenizer, prompt_dataset, tmp_path, gradient_accumulation_steps=4,
+        spurious_mask_scope=scope, spurious_prob_threshold=1.0,
+    )  # fmt: skip
+    step_gradient(trainer, one_candidate_per_micro_batch(len(tokenizer)))
+    metrics = trainer._metrics["train"]
+    assert sum(metrics["spurious/silenced_count"]) == expected_silenced  # the q share of 4 candidates, or none
+    num_loss = sum(int(mb["completion_mask"].sum()) for mb in one_candidate_per_micro_batch(len(tokenizer)))
+    if scope == "step":
+        assert metrics["spurious/candidate_ratio"] == [pytest.approx(4 / num_loss)]
+
+
+def test_no_candidates_silence_nothing(tokenizer, model, prompt_dataset, tmp_path):
+    inputs = make_inputs(len(tokenizer), batch=8, seed=4)
+    trainer = build(  # no token is that unlikely
+        STAPOTrainer, model, tokenizer, prompt_dataset, tmp_path, gradient_accumulation_steps=2,
+        spurious_prob_threshold=1e-30,
+    )  # fmt: skip
+    grads, silenced = step_gradient(trainer, split_rows(inputs, [4, 4]))
+    assert not any(part.any() for part in silenced)
+    assert all(torch.isfinite(g).all() for g in grads.values())
+    expected, _ = eq6_reference(
+        tokenizer, inputs, silenced=torch.zeros_like(inputs["completion_mask"], dtype=torch.bool)
+    )
+    assert_same_grads(grads, expected, rtol=1e-4, atol=1e-6)  # plain DAPO
+    metrics = trainer._metrics["train"]
+    assert metrics["spurious/silenced_count"] == [0.0] and metrics["spurious/candidate_ratio"] == [0.0]
+    assert math.isnan(metrics["spurious/entropy_threshold"][0])
+
+
+@pytest.mark.slow
+def test_training_recomputes_the_mask_of_every_step(tokenizer, prompt_dataset, tmp_path):
+    """steps_per_generation = 2 x accumulation and num_iterations = 2: 4 optimizer steps per generation batch. Each
+    step's mask is the Eq. 6 mask of that step's micro-batches under the weights of that step; TRL's old-log-prob
+    forward is reused for the first step (same weights) and a no-grad forward runs for the others."""
+    overrides = dict(
+        learning_rate=1e-2, warmup_steps=0, max_steps=4, gradient_accumulation_steps=2, steps_per_generation=4,
+        num_iterations=2, per_device_train_batch_size=4,
+    )  # fmt: skip
+    trainer = STAPOTrainer(
+        model=tiny_qwen3(tokenizer, seed=0), reward_funcs=length_reward,
+        args=cpu_config(tmp_path, spurious_prob_threshold=TEST_TAU_P, **overrides),
+        train_dataset=prompt_dataset, processing_class=tokenizer,
+    )  # fmt: skip
+    decisions, forwards = [], []
+    decide_step, forward = trainer._decide_step, trainer._no_grad_logps_and_entropies
+
+    def recording_decide_step(micro_batches):
+        decided = decide_step(micro_batches)
+        with torch.no_grad():  # Eq. 6's mask over the step, from the model's own logits at this moment
+            full = {key: torch.cat([mb[key] for mb in micro_batches]) for key in ("prompt_ids", "prompt_mask",
+                    "completion_ids", "completion_mask", "advantages")}  # fmt: skip
+            logps, entropies = token_logps_and_entropies(trainer.model, full)
+        expected = s2t_silenced(logps, entropies, full["advantages"], full["completion_mask"], TEST_TAU_P, 0.75)
+        decisions.append((trainer.state.global_step, torch.cat([mb["spurious_silenced"] for mb in decided]), expected))
+        return decided
+
+    def recording_forward(inputs):
+        forwards.append(trainer.state.global_step)
+        return forward(inputs)
+
+    trainer._decide_step, trainer._no_grad_logps_and_entropies = recording_decide_step, recording_forward
+    trainer.train()
+    assert [step for step, _, _ in decisions] == [0, 1, 2, 3]
+    for step, silenced, expected in decisions:
+        assert torch.equal(silenced, expected), step
+    assert any(silenced.any() for _, silenced, _ in decisions)
+    assert forwards == [1, 1, 2, 2, 3, 3]  # step 0 reused TRL's forward of the old log-probabilities
+    # Steps 0 and 2 train on the same completions (second iteration) under different weights: decided anew.
+    assert not torch.equal(decisions[0][1], decisions[2][1]) or not torch.equal(decisions[0][2], decisions[2][2])
 
 
 def test_metrics_against_the_mask(tokenizer, model, prompt_dataset, tmp_path):
