@@ -37,6 +37,7 @@ from typing import Any
 from stapo_trl.code.sandbox import OK, Executor, Job, Output, default_executor
 from stapo_trl.math.reward import _completion_text as completion_text
 
+
 logger = logging.getLogger(__name__)
 
 #: Seconds of wall (and CPU) time per test; PRIME's ``prime_code`` allows 5 s. Assign to change every later call.
@@ -139,12 +140,8 @@ def extract_program(text: str) -> str | None:
     Only closed blocks count: a completion cut off inside its last block has no program, as PRIME's rule intends
     a finished answer. An empty block is no program.
     """
-    last = None
-    for last in _PYTHON_BLOCK.finditer(text):
-        pass
-    if last is None or not last[1].strip():
-        return None
-    return last[1]
+    blocks = _PYTHON_BLOCK.findall(text)
+    return blocks[-1] if blocks and blocks[-1].strip() else None
 
 
 def parse_tests(value: Any) -> CodeTests:

@@ -40,6 +40,7 @@ from typing import Any, Protocol
 
 from stapo_trl import processes
 
+
 logger = logging.getLogger(__name__)
 
 HARNESS = Path(__file__).with_name("sandbox_harness.py")

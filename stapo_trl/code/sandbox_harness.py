@@ -33,6 +33,8 @@ import signal
 import sys
 import time
 import traceback
+from pathlib import Path
+
 
 _CLONE_NEWUSER, _CLONE_NEWNS, _CLONE_NEWNET = 0x10000000, 0x00020000, 0x40000000
 _CLONE_NEWPID, _CLONE_NEWIPC, _CLONE_NEWUTS = 0x20000000, 0x08000000, 0x04000000
@@ -55,10 +57,11 @@ _KEPT_FLAGS = {
     "relatime": _MS_RELATIME,
     "strictatime": _MS_STRICTATIME,
 }
-_PR_SET_PDEATHSIG, _PR_CAPBSET_DROP, _PR_SET_SECUREBITS, _PR_SET_NO_NEW_PRIVS = (
+_PR_SET_PDEATHSIG, _PR_CAPBSET_DROP, _PR_SET_SECUREBITS, _PR_SET_CHILD_SUBREAPER, _PR_SET_NO_NEW_PRIVS = (
     1,
     24,
     28,
+    36,
     38,
 )
 # SECBIT_NOROOT, SECBIT_NO_SETUID_FIXUP, SECBIT_KEEP_CAPS_LOCKED and their locks: uid 0 gains nothing by exec.
@@ -250,8 +253,7 @@ def _run_input(job: dict, value, in_pid_namespace: bool) -> dict:
     for descriptor in received:
         os.close(descriptor)
     _, wait_status = os.waitpid(pid, 0)
-    if in_pid_namespace:
-        _reap_orphans()
+    _end_leftovers(in_pid_namespace)
     exit_code = os.waitstatus_to_exitcode(wait_status)
     output = bytes(received[out_read]).decode("utf-8", errors="replace")
     report = bytes(received[result_read][:cap]).decode("utf-8", errors="replace")
@@ -278,8 +280,17 @@ def _run_input(job: dict, value, in_pid_namespace: bool) -> dict:
     return {"status": "ok", "output": output, "detail": ""}
 
 
-def _reap_orphans() -> None:
+def _end_leftovers(in_pid_namespace: bool) -> None:
+    """Kill and reap what the program left running (it was killed already in a PID namespace; see `main`)."""
     while True:
+        if not in_pid_namespace:
+            # A child subreaper: orphans, detached sessions included, become its children and are listed here.
+            for children in Path("/proc/self/task").glob("*/children"):
+                for child in children.read_text().split():
+                    try:
+                        os.kill(int(child), signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
@@ -370,6 +381,9 @@ def main() -> None:
             protections.append(f"pid_max of the PID namespace: at most {job['max_processes']} processes")
         except OSError as error:  # before Linux 6.14 pid_max is global
             missing["pid_max of the PID namespace"] = str(error)
+    else:
+        _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+        protections.append("child subreaper: what a program leaves running is killed after it")
     out = os.fdopen(1, "w", closefd=False)
     out.write(json.dumps({"protections": protections, "missing": missing}) + "\n")
     out.flush()

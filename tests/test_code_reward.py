@@ -1,0 +1,257 @@
+"""code_reward (PRIME's binary test reward): program extraction, test layouts, comparison rules, robustness."""
+
+import json
+import threading
+
+import code_programs
+import pytest
+
+from stapo_trl.code import reward as reward_module
+from stapo_trl.code import sandbox
+from stapo_trl.code.data import SAMPLE_FILE
+from stapo_trl.code.reward import (
+    CodeTests,
+    code_reward,
+    extract_program,
+    output_matches,
+    parse_tests,
+    run_program,
+    run_tests,
+)
+from stapo_trl.code.sandbox import Job, Output
+
+
+SAMPLE_TESTS = [json.loads(line)["reward_model"]["ground_truth"] for line in SAMPLE_FILE.read_text().splitlines()]
+
+
+def fenced(program: str, prose: str = "Here is my solution.") -> str:
+    return f"{prose}\n```python\n{program}```\n"
+
+
+class RecordingExecutor:
+    """Yields canned outputs and records how many were consumed and whether the run was closed."""
+
+    def __init__(self, outputs):
+        self.outputs, self.jobs, self.consumed, self.closed = outputs, [], 0, False
+
+    def execute(self, job: Job):
+        self.jobs.append(job)
+        try:
+            for output in self.outputs:
+                self.consumed += 1
+                yield output
+        finally:
+            self.closed = True
+
+
+# --- extract_program --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("```python\nprint(1)\n```", "print(1)\n"),
+        ("first\n```python\nprint(1)\n```\nthen\n```python\nprint(2)\n```\n", "print(2)\n"),
+        ("```Python3\nprint(3)\n```", "print(3)\n"),
+        ("```py\nprint(4)\n```", "print(4)\n"),
+        ("```python\nprint(1)\n```\n```\nplain fence\n```", "print(1)\n"),  # only python blocks count
+        ("```\nprint(1)\n```", None),
+        ("print(1)", None),
+        ("```python\nprint(1)\n", None),  # cut off inside the block: no finished answer
+        ("```python\n   \n```", None),
+        ("", None),
+    ],
+)
+def test_extract_program(text, expected):
+    assert extract_program(text) == expected
+
+
+# --- parse_tests ------------------------------------------------------------------------------------------------
+
+
+def test_parse_tests_layouts():
+    stdin = parse_tests('{"inputs": ["1\\n", ["2", "3"]], "outputs": ["1", ["2", "3"]]}')
+    assert stdin == CodeTests(["1\n", "2\n3"], ["1", "2\n3"])
+    call = parse_tests({"fn_name": "f", "inputs": [[1, 2], "[1, 2]\n3"], "outputs": [3, "[4]"], "atol": 1e-6})
+    assert call == CodeTests([[1, 2], [[1, 2], 3]], [3, [4]], "f", 1e-6)
+    assert parse_tests({"fn_name": "", "inputs": ["x"], "outputs": ["y"]}).fn_name is None
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("{not json", "not valid JSON"),
+        ("[1, 2]", "JSON object"),
+        ({"inputs": [], "outputs": []}, "'inputs' must be a non-empty list"),
+        ({"inputs": ["1"]}, "'outputs' must be a non-empty list"),
+        ({"inputs": ["1", "2"], "outputs": ["1"]}, "2 inputs but 1 outputs"),
+        ({"inputs": [1], "outputs": ["1"]}, r"inputs\[0\] must be a string"),
+        ({"fn_name": "f", "inputs": [{"a": 1}], "outputs": [1]}, r"inputs\[0\] must be a list of arguments"),
+        ({"fn_name": "f", "inputs": ["not json"], "outputs": [1]}, "one JSON argument per line"),
+        ({"fn_name": "no such name", "inputs": [[1]], "outputs": [1]}, "'fn_name' must be a function name"),
+        ({"inputs": ["1"], "outputs": ["1"], "atol": -1}, "'atol' must be a non-negative number"),
+    ],
+)
+def test_parse_tests_names_what_is_wrong(value, message):
+    with pytest.raises(ValueError, match=message):
+        parse_tests(value)
+
+
+# --- output_matches ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "actual, expected, same",
+    [
+        ("3\n", "3", True),
+        ("1 2  \n3\n\n\n", "1 2\n3", True),  # trailing whitespace of lines and trailing blank lines aside
+        ("1 2\n3", "1  2\n3", False),  # inner whitespace counts
+        (" 3", "3", False),  # leading whitespace counts
+        ("3\n4", "3", False),
+        ("", "", True),
+    ],
+)
+def test_output_matches_stdout(actual, expected, same):
+    assert output_matches(actual, expected, call=False) is same
+
+
+@pytest.mark.parametrize(
+    "actual, expected, atol, same",
+    [
+        ([1, 2], [1, 2], 0.0, True),
+        ([1, 2], [[1, 2]], 0.0, True),  # APPS wraps expected return values in a list
+        (3, [3], 0.0, True),
+        ([3], [[3], [3]], 0.0, False),
+        (1, 1.0, 0.0, True),
+        (0.1 + 0.2, 0.3, 0.0, False),
+        (0.1 + 0.2, 0.3, 1e-9, True),
+        ([0.1 + 0.2, "a"], [0.3, "a"], 1e-9, True),
+        (0.31, 0.3, 1e-9, False),
+        ({"a": [1.0000001]}, {"a": [1.0]}, 1e-6, True),
+        ("3", 3, 0.0, False),
+        (None, None, 0.0, True),
+    ],
+)
+def test_output_matches_return_values(actual, expected, atol, same):
+    assert output_matches(actual, expected, call=True, atol=atol) is same
+
+
+# --- code_reward in the sandbox ---------------------------------------------------------------------------------
+
+
+def test_known_correct_programs_earn_one_and_known_wrong_ones_minus_one():
+    completions = [fenced(program) for program in code_programs.CORRECT + code_programs.WRONG]
+    assert code_reward(completions, SAMPLE_TESTS * 2) == [1.0] * 6 + [-1.0] * 6
+
+
+def test_the_last_python_block_is_judged():
+    wrong_then_right = fenced(code_programs.WRONG[0]) + "Fixed:\n" + fenced(code_programs.CORRECT[0])
+    right_then_wrong = fenced(code_programs.CORRECT[0]) + "Fixed:\n" + fenced(code_programs.WRONG[0])
+    assert code_reward([wrong_then_right, right_then_wrong], SAMPLE_TESTS[:1] * 2) == [1.0, -1.0]
+
+
+def test_conversational_completions():
+    completion = [{"role": "assistant", "content": fenced(code_programs.CORRECT[3])}]
+    assert code_reward([completion], [SAMPLE_TESTS[3]]) == [1.0]
+
+
+@pytest.mark.parametrize(
+    "completion",
+    [
+        "no code at all",
+        fenced("print("),
+        fenced("raise SystemExit(3)\n"),
+        fenced("import sys\nsys.exit(0)\n"),  # exits before printing: wrong output
+        fenced(code_programs.HOSTILE["infinite_loop"]),
+        fenced(code_programs.HOSTILE["allocate_10_gb"]),
+    ],
+    ids=["no_block", "syntax_error", "exit_code", "early_exit", "timeout", "memory"],
+)
+def test_failures_score_minus_one(completion):
+    assert code_reward([completion], [SAMPLE_TESTS[0]], timeout=1.0) == [-1.0]
+
+
+def test_return_values_that_claim_equality_are_not_believed():
+    cheat = (
+        "class Anything:\n    def __eq__(self, other):\n        return True\n\ndef add(a, b):\n    return Anything()\n"
+    )
+    assert code_reward([fenced(cheat)], [SAMPLE_TESTS[3]]) == [-1.0]
+
+
+def test_malformed_tests_score_none_with_a_warning():
+    with pytest.warns(UserWarning, match="row 1: malformed tests"):
+        rewards = code_reward([fenced(code_programs.CORRECT[0])] * 2, [SAMPLE_TESTS[0], '{"inputs": []}'])
+    assert rewards == [1.0, None]
+
+
+def test_length_mismatch_is_the_callers_error():
+    with pytest.raises(ValueError, match="2 completions but 1 test sets"):
+        code_reward(["a", "b"], [SAMPLE_TESTS[0]])
+
+
+def test_float_tolerance():
+    tests = {"fn_name": "third", "inputs": [[1]], "outputs": [0.3333333], "atol": 1e-6}
+    assert run_tests("def third(x):\n    return x / 3\n", tests).passed
+    assert not run_tests("def third(x):\n    return x / 3\n", dict(tests, atol=0)).passed
+
+
+def test_run_program_returns_every_output_for_reference_solutions():
+    outputs = run_program("def f(x):\n    return sorted({x, 1})\n", [[3], [1]], fn_name="f")
+    assert outputs == [Output("ok", [1, 3]), Output("ok", [1])]
+
+
+# --- with a recording executor: the order of work, and failures of the executor ---------------------------------
+
+
+def test_judging_stops_at_the_first_failing_test():
+    executor = RecordingExecutor([Output("ok", "1"), Output("ok", "wrong"), Output("ok", "3")])
+    result = run_tests("print(1)", {"inputs": ["", "", ""], "outputs": ["1", "2", "3"]}, executor=executor)
+    assert (result.passed, result.tests_passed, executor.consumed, executor.closed) == (False, 1, 2, True)
+    assert "test 1: wrong output" in result.failure
+
+
+def test_the_expected_outputs_never_reach_the_executor():
+    executor = RecordingExecutor([Output("ok", "4")])
+    run_tests("print(4)", {"inputs": ["2 2"], "outputs": ["secret-4"]}, executor=executor)
+    assert "secret-4" not in repr(executor.jobs)
+
+
+def test_a_failing_executor_costs_the_reward_not_the_step(caplog):
+    class Broken:
+        def execute(self, job):
+            raise RuntimeError("the service is down")
+
+    assert code_reward([fenced("print(1)")], [SAMPLE_TESTS[0]], executor=Broken()) == [-1.0]
+    assert "judging a program failed" in caplog.text
+
+
+def test_identical_programs_are_judged_once_and_programs_in_parallel(monkeypatch):
+    monkeypatch.setattr(reward_module, "JUDGE_WORKERS", 2)
+    monkeypatch.setattr(reward_module, "_pool", None)  # a new pool of two threads, even on one core
+
+    class Counting:
+        def __init__(self):
+            self.jobs, self.lock, self.running, self.most_running = 0, threading.Lock(), 0, 0
+            self.all_started = threading.Barrier(2, timeout=10)
+
+        def execute(self, job):
+            with self.lock:
+                self.jobs += 1
+            self.all_started.wait()  # returns only when two programs are being judged at the same time
+            yield Output("ok", "3\n")
+
+    executor = Counting()
+    tests = json.dumps({"inputs": ["1 2"], "outputs": ["3"]})
+    completions = [fenced("print(3)")] * 4 + [fenced("print(1 + 2)")] * 4
+    assert code_reward(completions, [tests] * 8, executor=executor) == [1.0] * 8
+    assert executor.jobs == 2
+
+
+def test_set_default_executor():
+    executor = RecordingExecutor([Output("ok", "3")])
+    sandbox.set_default_executor(executor)
+    try:
+        assert code_reward([fenced("print(3)")], ['{"inputs": [""], "outputs": ["3"]}']) == [1.0]
+    finally:
+        sandbox.set_default_executor(None)
+    assert len(executor.jobs) == 1

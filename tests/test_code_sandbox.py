@@ -1,0 +1,199 @@
+"""LocalSandbox: hostile programs are contained, nothing is left running, the test process is unharmed."""
+
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import code_programs
+import pytest
+
+from stapo_trl.code import sandbox as sandbox_module
+from stapo_trl.code.sandbox import HARNESS, Job, LocalSandbox, Output
+
+
+SECRET = "stapo-sandbox-test-secret-7f3a"
+
+
+def namespaces_available() -> bool:
+    """Whether this kernel lets this user create user + network + PID namespaces (what the sandbox uses)."""
+    try:
+        result = subprocess.run(
+            ["unshare", "--user", "--net", "--pid", "--fork", "true"], capture_output=True, timeout=10
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return result.returncode == 0
+
+
+NAMESPACES = namespaces_available()
+needs_namespaces = pytest.mark.skipif(not NAMESPACES, reason="this kernel refuses unprivileged namespaces")
+
+
+def harness_processes() -> list[int]:
+    """Every process on the machine running the sandbox harness (its forked children keep its command line)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if str(HARNESS).encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                pass
+    return found
+
+
+def assert_nothing_left_running():
+    deadline = time.monotonic() + 5
+    while harness_processes() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert harness_processes() == []
+
+
+def run(program: str, sandbox: LocalSandbox | None = None, timeout: float = 2.0) -> tuple[list[Output], float]:
+    started = time.monotonic()
+    outputs = list((sandbox or LocalSandbox()).execute(Job(program, [""], timeout=timeout)))
+    return outputs, time.monotonic() - started
+
+
+def assert_process_healthy():
+    """The test process can still start processes and open sockets: it has not been killed, starved or limited."""
+    assert subprocess.run(["true"], timeout=10).returncode == 0
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+
+
+@pytest.fixture(autouse=True)
+def _no_leftovers():
+    yield
+    assert_nothing_left_running()
+    assert_process_healthy()
+    assert not list(Path(os.environ.get("TMPDIR", "/tmp")).glob("stapo-sandbox-*/job.json"))
+
+
+def test_runs_a_program_on_each_input():
+    outputs = list(LocalSandbox().execute(Job("print(int(input()) * 2)", ["1\n", "21\n"])))
+    assert outputs == [Output("ok", "2\n"), Output("ok", "42\n")]
+
+
+def test_calls_a_function_and_returns_plain_values():
+    program = "def f(a, b):\n    return (a + b, {b, a}, None, 0.5)\n"
+    outputs = list(LocalSandbox().execute(Job(program, [[1, 2]], fn_name="f")))
+    assert outputs == [Output("ok", [3, {"__set__": [1, 2]}, None, 0.5])]
+
+
+def test_a_failing_input_ends_the_run_with_its_exception():
+    outputs = list(LocalSandbox().execute(Job("x = int(input())\nprint(10 // x)\n", ["1\n", "0\n", "2\n"])))
+    assert [output.status for output in outputs] == ["ok", "error"]
+    assert "ZeroDivisionError" in outputs[1].detail
+
+
+def test_a_syntax_error_fails_the_first_input():
+    outputs = list(LocalSandbox().execute(Job("print(", ["", ""])))
+    assert [output.status for output in outputs] == ["error"]
+    assert "SyntaxError" in outputs[0].detail
+
+
+def test_each_input_starts_from_a_fresh_process():
+    program = "import builtins\nprint(hasattr(builtins, 'seen'))\nbuiltins.seen = True\n"
+    outputs = list(LocalSandbox().execute(Job(program, ["", ""])))
+    assert [output.value for output in outputs] == ["False\n", "False\n"]
+
+
+@needs_namespaces
+def test_isolation_report_lists_the_protections():
+    report = LocalSandbox().isolation()
+    assert report["missing"] == {}
+    for protection in ("network namespace", "PID namespace", "read-only filesystem", "private tmpfs"):
+        assert any(protection in item for item in report["protections"]), protection
+
+
+@pytest.mark.parametrize("isolate", [True, False], ids=["namespaces", "limits_only"])
+def test_infinite_loop_is_stopped_at_the_deadline(isolate):
+    outputs, seconds = run(code_programs.HOSTILE["infinite_loop"], LocalSandbox(isolate=isolate), timeout=1.0)
+    assert outputs[0].status == "timeout"
+    assert seconds < 30
+
+
+@pytest.mark.parametrize("isolate", [True, False], ids=["namespaces", "limits_only"])
+def test_sleeping_and_detached_processes_are_killed(isolate):
+    for name in ("sleep_forever", "detached_sleeper"):
+        outputs, _ = run(code_programs.HOSTILE[name], LocalSandbox(isolate=isolate), timeout=1.0)
+        assert outputs[0].status in ("timeout", "ok")
+        if isolate or name == "sleep_forever":
+            assert_nothing_left_running()
+
+
+@needs_namespaces
+def test_fork_bomb_is_contained():
+    sandbox = LocalSandbox(max_processes=32)
+    outputs, seconds = run(code_programs.HOSTILE["fork_bomb"], sandbox, timeout=2.0)
+    assert outputs[0].status == "timeout"
+    assert seconds < 30
+
+
+@pytest.mark.parametrize("isolate", [True, False], ids=["namespaces", "limits_only"])
+def test_10_gb_allocation_fails(isolate):
+    outputs, _ = run(code_programs.HOSTILE["allocate_10_gb"], LocalSandbox(isolate=isolate))
+    assert outputs[0].status == "error"
+    assert "MemoryError" in outputs[0].detail
+
+
+@pytest.mark.parametrize("name", ["print_1_gb", "write_1_gb_raw"])
+@pytest.mark.parametrize("isolate", [True, False], ids=["namespaces", "limits_only"])
+def test_1_gb_of_output_is_cut_off(name, isolate):
+    sandbox = LocalSandbox(isolate=isolate, max_output_bytes=1 << 20)
+    outputs, _ = run(code_programs.HOSTILE[name], sandbox, timeout=10.0)
+    assert outputs[0].status == "output_limit"
+
+
+@needs_namespaces
+def test_writing_outside_its_directory_fails(tmp_path):
+    for target in (tmp_path / "escaped.txt", Path("/tmp") / f"stapo-escaped-{os.getpid()}.txt"):
+        outputs, _ = run(code_programs.write_outside(str(target)))
+        assert outputs[0].status == "error"
+        assert not target.exists()
+
+
+def test_writing_inside_its_directory_works():
+    program = "open('scratch.txt', 'w').write('kept')\nprint(open('scratch.txt').read())\n"
+    assert run(program)[0] == [Output("ok", "kept\n")]
+
+
+@needs_namespaces
+def test_sockets_reach_nothing():
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        listener.settimeout(0.5)
+        outputs, _ = run(code_programs.connect_to(listener.getsockname()[1]))
+        assert outputs[0].status == "error"
+        assert "escaped" not in (outputs[0].value or "")
+        with pytest.raises(TimeoutError):
+            listener.accept()
+
+
+@needs_namespaces
+def test_killing_its_parent_or_the_trainer_fails():
+    outputs, _ = run(code_programs.kill(os.getpid()))
+    assert outputs == [Output("ok", "still here\n")]  # and this test process is still running
+
+
+@needs_namespaces
+def test_the_trainers_environment_is_out_of_reach(monkeypatch):
+    monkeypatch.setenv("STAPO_TEST_SECRET", SECRET)
+    outputs, _ = run(code_programs.read_environment(os.getpid()))
+    assert outputs[0].status == "ok"
+    assert SECRET not in outputs[0].value
+    assert "STAPO_TEST_SECRET" not in outputs[0].value
+
+
+def test_a_sandbox_that_cannot_start_is_reported_not_raised(monkeypatch):
+    monkeypatch.setattr(sandbox_module, "HARNESS", Path("/nonexistent/harness.py"))
+    assert [output.status for output in run("print(1)")[0]] == ["sandbox_error"]
+
+
+def test_set_default_executor_refuses_objects_without_execute():
+    with pytest.raises(TypeError, match="execute"):
+        sandbox_module.set_default_executor(object())
