@@ -1,7 +1,7 @@
 """stapo-trl: STAPO (Spurious-Token-Aware Policy Optimization) on top of Hugging Face TRL."""
 
 __version__ = "0.1.0"
-__all__ = ["STAPOConfig", "STAPOTrainer", "spurious_token_mask", "math_reward"]
+__all__ = ["STAPOConfig", "STAPOTrainer", "spurious_token_mask", "math_reward", "code_reward"]
 
 # Loaded on first use, so that light tools (the report command, the data loaders) do not import torch and TRL.
 _EXPORTS = {
@@ -9,6 +9,7 @@ _EXPORTS = {
     "STAPOTrainer": ".trainer",
     "spurious_token_mask": ".s2t",
     "math_reward": ".math.reward",
+    "code_reward": ".code.reward",
 }
 
 
