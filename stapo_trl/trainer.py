@@ -27,24 +27,39 @@ class STAPOTrainer(GRPOTrainer):
     LLMs by Silencing Rare Spurious Tokens" (2026). A drop-in replacement of [`~trl.GRPOTrainer`] configured by
     [`STAPOConfig`].
 
-    Inside the loss, from the same forward pass that gives the per-token log-probabilities and entropies, the S2T
-    mask ([`~stapo_trl.s2t.spurious_token_mask`]) picks the spurious tokens: low-probability (< τ_p), low-entropy
-    (< the q-quantile of the candidates, pooled over all processes) tokens of positive-advantage completions. They are
+    The S2T mask ([`~stapo_trl.s2t.spurious_token_mask`]) picks the spurious tokens: low-probability (< τ_p),
+    low-entropy (< τ_h, the q-quantile of the candidates' entropies) tokens of positive-advantage completions. They are
     removed from the loss mask, so they get no gradient and are not counted by the normalizer, and every metric of
     "loss tokens" (entropy, clip ratios) sees the same tokens as the loss.
 
-    Normalization. With `loss_type="dapo"` the loss of a micro-batch is its sum over unsilenced tokens divided by
-    TRL's token count scaled by (L - S) / L, where L and S are the loss and silenced tokens of that micro-batch over
-    all processes. When an optimizer step is one micro-batch this is exactly Eq. 6: the sum over unsilenced tokens
-    divided by their number. With gradient accumulation or `steps_per_generation > 1`, the silenced tokens of the
-    *other* micro-batches are not known yet when a micro-batch's loss is formed, so each micro-batch is renormalized
-    by its own silenced fraction s_k instead of the step's s: micro-batch k's gradient is weighted by
-    (1 - s) / (1 - s_k) relative to Eq. 6. That factor lies within [1 - max_k s_k, 1 / (1 - max_k s_k)], a deviation
-    of about 1e-4 at the paper's silencing rate, and it needs no gradient rescaling (so it also holds under
-    DeepSpeed and FSDP, where gradients live inside the engine). The entropy quantile τ_h is likewise taken per
-    micro-batch (over all processes) rather than per optimizer step. The other loss types normalize by the loss mask
-    itself (`grpo`, `bnpo`) or by a constant (`dr_grpo`), so removing tokens from the mask renormalizes them as
-    their definitions say.
+    Scope. With `spurious_mask_scope="step"` (default; the paper's "each mini-batch") the decision is taken once per
+    optimizer step, in `_prepare_inputs` at the step's first micro-batch, before any backward: over every micro-batch
+    of the step on every process, from log π_θ and H under the step's weights (which do not change within a step). They
+    come from TRL's own no-grad forward of the old log-probabilities where that ran at the same weights (the first
+    step of each generation batch, when `steps_per_generation > gradient_accumulation_steps`, `num_iterations > 1`
+    or vLLM importance sampling makes TRL run it; the fused LM head computes the entropies there anyway), and
+    otherwise from a no-grad forward of the step's micro-batches, one at a time, keeping only the per-token
+    log-probabilities and entropies. With `"micro_batch"` each micro-batch decides alone inside its loss (pooled over
+    processes), from the loss's own forward.
+
+    Normalization. With `loss_type="dapo"`, a micro-batch's loss is its sum over unsilenced tokens divided by TRL's
+    normalizer scaled by the keep ratio (L - S) / L, where L and S count the loss and silenced tokens of the decision's
+    pool: the whole optimizer step on all processes (scope "step"), or the micro-batch on all processes
+    ("micro_batch"). TRL's normalizer is the generation batch's loss-token count per optimizer step,
+    `num_items_in_batch x gradient_accumulation_steps / steps_per_generation`. So, in scope "step":
+
+    - when `steps_per_generation == gradient_accumulation_steps` (one optimizer step per generation batch, any
+      `num_iterations`), TRL's count is the step's own L and the step's gradient is exactly Eq. 6 over its completions,
+      for any `per_device_train_batch_size`, `gradient_accumulation_steps` and number of processes;
+    - when `steps_per_generation > gradient_accumulation_steps`, TRL divides every step by the generation batch's mean
+      count per step, so step j's gradient is Eq. 6's times L_j / mean(L), for the baseline as much as for STAPO: about
+      1 ± 0.03 (standard deviation) with the Qwen3-1.7B recipe's layout, 1 ± 0.10 with the one-GPU LoRA recipe's
+      (simulated with long-tailed completion lengths by `benchmarks/normalizer_scale.py`).
+
+    In scope "micro_batch" each micro-batch is renormalized by its own silenced share s_k instead of the step's s:
+    micro-batch k is weighted by (1 - s) / (1 - s_k) relative to the above, and τ_h depends on the split. The other
+    loss types normalize by the loss mask itself (`grpo`, `bnpo`) or by a constant (`dr_grpo`), so removing tokens
+    from the mask renormalizes them as their definitions say (with their own per-micro-batch means).
 
     `top_entropy_quantile < 1` (20-Entropy) is applied after S2T, over the tokens S2T kept.
     """
@@ -390,7 +405,7 @@ class STAPOTrainer(GRPOTrainer):
             self.args,
             base_model=get_config_model_id(self.model.config),
             model_name=model_name or os.path.basename(os.path.normpath(self.args.output_dir)),
-            hub_model_id=self.hub_model_id,
+            hub_model_id=self.hub_model_id or self.args.output_dir,
             dataset_name=dataset_name,
             tags=sorted(set(tags) | set(self._tag_names)),
             trainer_name=self._name,

@@ -1,0 +1,156 @@
+"""The model card of a STAPO run: TRL's card, plus the method, its S2T settings and the run's evaluation table.
+
+`STAPOTrainer.create_model_card` (called at each checkpoint, by `push_to_hub` and at the end of the training
+scripts) writes it to `<output_dir>/README.md`. A base model or dataset is linked to the Hub only when it is a Hub
+id; a local or toy checkpoint is named as such, never as a broken link.
+"""
+
+import os
+import re
+from importlib.metadata import version
+from pathlib import Path
+
+from huggingface_hub import ModelCard, ModelCardData
+
+from .methods import METHODS
+
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+SUMMARY_FILE = "summary.md"  # the Markdown table stapo_trl.evaluation writes into its output directory
+
+TEMPLATE = """\
+---
+{{ card_data }}
+---
+
+# Model Card for {{ model_name }}
+
+{% if base_model %}This model is a fine-tuned version of [{{ base_model }}](https://huggingface.co/{{ base_model }})\
+{% else %}This model was trained from a local checkpoint (`{{ local_base }}`)\
+{% endif %}{% if dataset_link %} on the [{{ dataset_name }}](https://huggingface.co/datasets/{{ dataset_name }}) dataset\
+{% elif dataset_name %} on `{{ dataset_name }}`{% endif %}, with {{ trainer_name }} ({{ paper_title }}) on top of \
+[TRL](https://github.com/huggingface/trl)'s GRPOTrainer.
+
+## Quick start
+
+```python
+from transformers import pipeline
+
+generator = pipeline("text-generation", model="{{ hub_model_id }}", device_map="auto")
+question = "What is the sum of the first 10 positive odd numbers? Please reason step by step, and put your final \
+answer within \\\\boxed{}."
+print(generator([{"role": "user", "content": question}], max_new_tokens=512, return_full_text=False)[0]["generated_text"])
+```
+
+## Training procedure
+
+Method: **{{ method }}**. Settings of the S2T mask (spurious-token silencing, paper Eq. 6) and of the loss:
+
+| setting | value |
+|---|---|
+{% for name, value in settings %}| {{ name }} | {{ value }} |
+{% endfor %}
+{% if evaluation %}
+## Evaluation
+
+{% for source, table in evaluation %}From `{{ source }}`:
+
+{{ table }}
+{% endfor %}{% endif %}
+### Framework versions
+
+{% for name, number in versions %}- {{ name }}: {{ number }}
+{% endfor %}
+## Citations
+
+Cite {{ trainer_name }} as:
+
+```bibtex
+{{ trainer_citation }}
+```
+
+Cite TRL as:
+
+```bibtex
+{% raw %}@software{vonwerra2020trl,
+  title   = {{TRL: Transformers Reinforcement Learning}},
+  author  = {von Werra, Leandro and Belkada, Younes and Tunstall, Lewis and Beeching, Edward and Thrush, Tristan and Lambert, Nathan and Huang, Shengyi and Rasul, Kashif and Gallouédec, Quentin},
+  license = {Apache-2.0},
+  url     = {https://github.com/huggingface/trl},
+  year    = {2020}
+}{% endraw %}
+```
+"""
+
+
+def method_name(args) -> str:
+    """The `--method` preset whose values `args` all have (the most specific one), else "custom"."""
+    matching = [
+        (len(values), name)
+        for name, values in METHODS.items()
+        if all(getattr(args, key, None) == value for key, value in values.items())
+    ]
+    return max(matching)[1] if matching else "custom"
+
+
+def s2t_settings(args) -> list[tuple[str, str]]:
+    """(setting, value) rows: the S2T mask's fields, then the loss fields the methods differ in."""
+    rows = [
+        ("spurious_mask_mode", args.spurious_mask_mode),
+        ("τ_p (spurious_prob_threshold)", args.spurious_prob_threshold),
+        ("q (spurious_entropy_quantile)", args.spurious_entropy_quantile),
+    ]
+    if hasattr(args, "spurious_mask_scope"):
+        rows.append(("spurious_mask_scope", args.spurious_mask_scope))
+    for name in ("loss_type", "epsilon", "epsilon_high", "delta", "beta", "top_entropy_quantile", "num_generations",
+                 "temperature", "learning_rate"):  # fmt: skip
+        rows.append((name, getattr(args, name)))
+    return [(name, f"`{value}`") for name, value in rows]
+
+
+def evaluation_tables(output_dir: str | os.PathLike) -> list[tuple[str, str]]:
+    """(relative path, Markdown) of each evaluation summary in `output_dir` or one folder below it."""
+    folder = Path(output_dir)
+    found = sorted([folder / SUMMARY_FILE, *folder.glob(f"*/{SUMMARY_FILE}")])
+    return [(str(path.relative_to(folder)), path.read_text().strip()) for path in found if path.is_file()]
+
+
+def model_card(
+    args,
+    base_model: str | None,
+    model_name: str,
+    hub_model_id: str,  # where `pipeline` loads it from: the Hub id, or else the local output directory
+    dataset_name: str | None,
+    tags: list[str],
+    trainer_name: str,
+    paper: dict,
+) -> ModelCard:
+    """The card of a run with `args` (a STAPOConfig) from `base_model` (a Hub id or a local path)."""
+    on_hub = bool(base_model) and bool(_HUB_ID.match(base_model)) and not os.path.isdir(base_model)
+    card_data = ModelCardData(
+        base_model=base_model if on_hub else None,
+        datasets=dataset_name if dataset_name and _HUB_ID.match(dataset_name) else None,
+        library_name="transformers",
+        model_name=model_name,
+        tags=["generated_from_trainer", *tags],
+    )
+    versions = [(name, version(package)) for name, package in (
+        ("stapo-trl", "stapo-trl"), ("TRL", "trl"), ("Transformers", "transformers"), ("Pytorch", "torch"),
+        ("Datasets", "datasets"), ("Tokenizers", "tokenizers"))]  # fmt: skip
+    return ModelCard.from_template(
+        card_data,
+        template_str=TEMPLATE,
+        model_name=model_name,
+        base_model=base_model if on_hub else None,
+        local_base=base_model or "unknown",
+        dataset_name=dataset_name,
+        dataset_link=bool(dataset_name and _HUB_ID.match(dataset_name) and not os.path.exists(dataset_name)),
+        hub_model_id=hub_model_id,
+        trainer_name=trainer_name,
+        paper_title=paper.get("title"),
+        trainer_citation=paper.get("citation"),
+        method=method_name(args),
+        settings=s2t_settings(args),
+        evaluation=evaluation_tables(args.output_dir),
+        versions=versions,
+    )
