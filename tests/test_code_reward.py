@@ -2,6 +2,7 @@
 
 import json
 import threading
+import time
 
 import code_programs
 import pytest
@@ -255,3 +256,19 @@ def test_set_default_executor():
     finally:
         sandbox.set_default_executor(None)
     assert len(executor.jobs) == 1
+
+
+def test_programs_not_started_within_the_time_budget_score_minus_one(monkeypatch, caplog):
+    monkeypatch.setattr(reward_module, "JUDGE_WORKERS", 1)
+    monkeypatch.setattr(reward_module, "_pool", None)
+
+    class Slow(RecordingExecutor):
+        def execute(self, job):
+            time.sleep(0.5)
+            yield from super().execute(job)
+
+    executor = Slow([Output("ok", "3")])
+    tests = ['{"inputs": [""], "outputs": ["3"]}'] * 2
+    rewards = code_reward([fenced("print(3)"), fenced("print(2 + 1)")], tests, executor=executor, time_budget=0.1)
+    assert rewards == [1.0, -1.0] and len(executor.jobs) == 1
+    assert "1 of 2 programs not started within the time budget" in caplog.text

@@ -28,6 +28,7 @@ import math
 import os
 import re
 import threading
+import time
 import warnings
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -42,6 +43,10 @@ logger = logging.getLogger(__name__)
 
 #: Seconds of wall (and CPU) time per test; PRIME's ``prime_code`` allows 5 s. Assign to change every later call.
 TIMEOUT_SECONDS = 5.0
+
+#: Seconds one `code_reward` call may start programs for; later ones score -1.0 without running. It bounds the
+#: wait of a training step when many programs run to their time limit. Assign to change every later call.
+TIME_BUDGET_SECONDS = 300.0
 
 #: Programs judged at once by each training process: one sandbox process each.
 JUDGE_WORKERS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -82,6 +87,7 @@ def code_reward(
     tests,
     timeout: float | None = None,
     executor: Executor | None = None,
+    time_budget: float | None = None,
     **kwargs,
 ) -> list[float | None]:
     """PRIME's binary code reward, as used by STAPO: +1.0 when the program passes every test, -1.0 otherwise.
@@ -96,6 +102,9 @@ def code_reward(
             ``reward_model.ground_truth``), a dict, or a `CodeTests`.
         timeout: Seconds per test (wall and CPU); default `TIMEOUT_SECONDS` (5 s, as PRIME).
         executor: Where programs run; default `stapo_trl.code.sandbox.default_executor()` (the local sandbox).
+        time_budget: Seconds after which programs not yet started score -1.0 without running (counted in a
+            warning); default `TIME_BUDGET_SECONDS`. Programs already running finish within their own limit
+            (tests x `timeout`), so a call ends within about the budget plus one program's limit.
 
     Returns:
         One reward per completion: 1.0 or -1.0; ``None`` (left out by TRL) when the row's tests are malformed,
@@ -115,10 +124,21 @@ def code_reward(
     first_row: dict[Any, int] = {}
     tests_rows = [first_row.setdefault(_tests_key(value), row) for row, value in enumerate(tests)]
     pool = _judging_pool()
+    budget = TIME_BUDGET_SECONDS if time_budget is None else float(time_budget)
+    deadline = time.monotonic() + budget
     verdicts = {}
     for program, row in zip(programs, tests_rows):
         if program is not None and not isinstance(parsed[row], ValueError) and (program, row) not in verdicts:
-            verdicts[program, row] = pool.submit(_passes, program, parsed[row], timeout, executor)
+            verdicts[program, row] = pool.submit(_passes, program, parsed[row], timeout, executor, deadline)
+    unjudged = sum(future.result() is None for future in verdicts.values())
+    if unjudged:
+        logger.warning(
+            "code_reward: %d of %d programs not started within the time budget of %g s scored -1 without running; "
+            "raise TIME_BUDGET_SECONDS or JUDGE_WORKERS if this recurs.",
+            unjudged,
+            len(verdicts),
+            budget,
+        )
     rewards = []
     for row, (program, tests_row) in enumerate(zip(programs, tests_rows)):
         if isinstance(parsed[row], ValueError):
@@ -261,7 +281,12 @@ def output_matches(actual: Any, expected: Any, *, call: bool, atol: float = 0.0)
     return isinstance(expected, list) and len(expected) == 1 and _same_value(actual, expected[0], atol)
 
 
-def _passes(program: str, tests: CodeTests, timeout: float | None, executor: Executor | None) -> bool:
+def _passes(
+    program: str, tests: CodeTests, timeout: float | None, executor: Executor | None, deadline: float
+) -> bool | None:
+    """Whether `program` passes `tests`; ``None`` when the time budget ran out before it could start."""
+    if time.monotonic() > deadline:
+        return None
     try:
         return run_tests(program, tests, timeout=timeout, executor=executor).passed
     except Exception:  # a failing executor costs the program its reward, never the training step

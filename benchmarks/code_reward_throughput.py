@@ -1,0 +1,126 @@
+"""Throughput of code_reward: completions judged per second, and what one sandbox start costs.
+
+    python benchmarks/code_reward_throughput.py            # 512 completions x 10 tests, as in one optimizer step
+    python benchmarks/code_reward_throughput.py --quick    # 16 x 3, a smoke test
+
+Method. The problem reads two integers and prints their sum; its 10 tests are fast (each run of the program takes
+well under a millisecond of its own work), so the figures are the sandbox's overhead. Every completion holds a
+correct program made distinct by a comment (`code_reward` judges identical programs once), so every completion
+runs all its tests: the worst case for a batch of fast programs. Measured in one process, one setting after the
+other:
+
+- "start": the wall time of one sandbox that runs an empty program on one input, one after the other (median of
+  `--starts`); "per test": the extra wall time of each further input, from a 1-input and a 21-input job
+  (median of the differences / 20);
+- "judging": `code_reward` on all completions with `JUDGE_WORKERS` threads (default: the CPU cores), the
+  wall time of the whole call, and completions per second.
+
+Settings: the default sandbox (namespaces, where the kernel allows them), the sandbox with `isolate=False`
+(limits and the process-group kill only), and the default sandbox started from a process holding `--ballast-gb`
+of resident memory, as a trainer does: each sandbox start forks the calling process.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import torch  # noqa: E402
+from _common import describe_machine, markdown_table  # noqa: E402
+
+from stapo_trl.code import reward as reward_module  # noqa: E402
+from stapo_trl.code import sandbox  # noqa: E402
+from stapo_trl.code.reward import code_reward  # noqa: E402
+from stapo_trl.code.sandbox import Job, LocalSandbox  # noqa: E402
+
+
+PROGRAM = "a, b = map(int, input().split())\nprint(a + b)\n"
+
+
+def tests(count: int) -> str:
+    pairs = [(index, 3 * index - 7) for index in range(count)]
+    return json.dumps({"inputs": [f"{a} {b}\n" for a, b in pairs], "outputs": [f"{a + b}\n" for a, b in pairs]})
+
+
+def wall(function) -> float:
+    start = time.perf_counter()
+    function()
+    return time.perf_counter() - start
+
+
+def measure(executor: LocalSandbox, completions: int, tests_each: int, starts: int) -> dict:
+    start_times = [wall(lambda: list(executor.execute(Job("", [""])))) for _ in range(starts)]
+    per_test = []
+    for _ in range(max(3, starts // 4)):
+        one = wall(lambda: list(executor.execute(Job(PROGRAM, ["1 2\n"]))))
+        many = wall(lambda: list(executor.execute(Job(PROGRAM, ["1 2\n"] * 21))))
+        per_test.append((many - one) / 20)
+    batch = [f"```python\n# completion {index}\n{PROGRAM}```" for index in range(completions)]
+    batch_tests = [tests(tests_each)] * completions
+    started = time.perf_counter()
+    rewards = code_reward(batch, batch_tests, executor=executor)
+    seconds = time.perf_counter() - started
+    if rewards != [1.0] * completions:
+        raise SystemExit(f"expected every completion to pass, got {sorted(set(map(str, rewards)))}")
+    return {
+        "start ms": 1000 * statistics.median(start_times),
+        "per test ms": 1000 * statistics.median(per_test),
+        "seconds": seconds,
+        "completions/s": completions / seconds,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="16 completions x 3 tests, 5 starts: a smoke test")
+    parser.add_argument("--completions", type=int, default=512)
+    parser.add_argument("--tests", type=int, default=10)
+    parser.add_argument("--starts", type=int, default=40)
+    parser.add_argument("--ballast-gb", type=float, default=2.0, help="resident memory of the 'large parent' row")
+    args = parser.parse_args()
+    if args.quick:
+        args.completions, args.tests, args.starts, args.ballast_gb = 16, 3, 5, 0.1
+    print(describe_machine(torch.device("cpu")))
+    isolation = LocalSandbox().isolation()
+    print(f"Sandbox protections here: {isolation['protections']}; missing: {isolation['missing'] or 'none'}")
+    print(f"{args.completions} completions x {args.tests} tests, {reward_module.JUDGE_WORKERS} judging threads\n")
+
+    settings = [("namespaces", LocalSandbox()), ("limits only (isolate=False)", LocalSandbox(isolate=False))]
+    results = [(name, measure(executor, args.completions, args.tests, args.starts)) for name, executor in settings]
+    ballast = bytearray(int(args.ballast_gb * (1 << 30)))
+    for offset in range(0, len(ballast), 4096):  # touch every page: resident, as a trainer's memory is
+        ballast[offset] = 1
+    results.append(
+        (
+            f"namespaces, parent holding {args.ballast_gb:g} GB",
+            measure(LocalSandbox(), args.completions, args.tests, args.starts),
+        )
+    )
+    del ballast
+
+    header = ["setting", "start ms", "per test ms", "completions", "tests each", "threads", "seconds", "completions/s"]
+    rows = [
+        [
+            name,
+            result["start ms"],
+            result["per test ms"],
+            args.completions,
+            args.tests,
+            reward_module.JUDGE_WORKERS,
+            result["seconds"],
+            result["completions/s"],
+        ]
+        for name, result in results
+    ]
+    print(markdown_table(header, rows))
+    sandbox.set_default_executor(None)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    main()
