@@ -1,34 +1,38 @@
-"""Benchmark 1: training-step time and peak memory of STAPOTrainer (S2T, low_entropy) against GRPOTrainer.
+"""Benchmark 1: step time and peak memory of STAPOTrainer (scopes "step" and "micro_batch") against GRPOTrainer.
 
     python benchmarks/step_overhead.py                          # tiny CPU models 64x2 and 256x4 (hidden x layers)
     python benchmarks/step_overhead.py --quick                  # smoke-test sizes
     python benchmarks/step_overhead.py --preset qwen3-0.6b --device cuda --dtype bfloat16   # on a GPU
 
 `--preset qwen3-0.6b`: a randomly initialised model of Qwen3-0.6B's shape (596M parameters, vocabulary 151,936),
-micro-batches of 16 completions x 1,024 tokens after 128-token prompts unless given otherwise.
+micro-batches of 4 completions x 1,024 tokens after 128-token prompts unless given otherwise.
 
-Both trainers get the same config (`STAPOConfig` for STAPO; for GRPO a `GRPOConfig` with the same values: paper
-defaults `loss_type="dapo"`, ε_low 0.2, ε_high 0.28, δ = 10, β = 0), models with the same initial weights, and the
-same fixed micro-batch (a generation batch as `_prepare_inputs` hands it to the loss: left-padded prompts,
-completions of varying length, GRPO group-normalised advantages of ±1 rewards). Generation is left out on purpose: it
-is identical for both and would only dilute the difference. What is timed is one optimizer step on that micro-batch:
+Three trainers get the same config (`STAPOConfig` with `spurious_mask_scope="step"`, the same with `"micro_batch"`,
+and a `GRPOConfig` with the same values: paper defaults `loss_type="dapo"`, ε_low 0.2, ε_high 0.28, δ = 10, β = 0),
+models with the same initial weights, and the same generation batch (left-padded prompts, completions of varying
+length, GRPO group-normalised advantages of ±1 rewards). Two configurations:
 
-    loss = trainer.compute_loss(model, inputs); accelerator.backward(loss); clip_grad_norm_; optimizer.step()
+* on-policy: `steps_per_generation = gradient_accumulation_steps` (4), `num_iterations = 1`. TRL runs no forward
+  before the loss, so scope "step" runs a no-grad forward of the step's micro-batches: new work.
+* off-policy: `steps_per_generation = 4 x gradient_accumulation_steps` (16), as in the shipped GPU recipes. TRL runs a
+  no-grad forward over the generation batch for the old log-probabilities; scope "step" reuses it (with its entropies)
+  for the first of the 4 optimizer steps and runs its own forward for the 3 others (the weights have changed).
 
-(with `optimizer.zero_grad(set_to_none=True)` before it, untimed). τ_p is calibrated on the model so that a
-realistic fraction of the loss tokens are candidates (default 0.05%; a random model gives every token probability
-~1/vocab, so the paper's 0.002 would make almost every token or none a candidate); the measured candidate and
-silenced rates are printed.
+Generation itself is left out: `GRPOTrainer._generate_and_score_completions` is replaced, for all three trainers, by
+what TRL does after generating and scoring: the no-grad forward for the old log-probabilities when TRL runs it (the
+same call as TRL's), and the token count. Everything else is the real training-loop code: `_prepare_inputs` (TRL's
+buffering, shuffle and split; STAPO's step decision), `compute_loss`, `accelerator.backward` per micro-batch, then
+`clip_grad_norm_`, `optimizer.step()`, `zero_grad`. The timed unit is one generation cycle (the replaced generation +
+every optimizer step it feeds), reported per optimizer step. τ_p is calibrated on the model so that a realistic
+fraction of the loss tokens are candidates (default 0.05%; a random model gives every token probability ~1/vocab); the
+measured candidate and silenced rates are printed.
 
-The two trainers run interleaved: each round runs one step of each in random order; warm-up rounds are discarded.
-Reported: the median step time of each, the median of the per-round ratios STAPO / GRPO and its interquartile range,
-and the ratio of the fastest steps (the least disturbed on a shared machine). Because the difference is far below the
-noise of a busy machine, the S2T work is also timed *inside* the STAPO steps: `_spurious_mask_and_log`, which holds
-all of S2T's tensor work and host reads but two element-wise products, is wrapped with a timer (wall clock on CPU,
-CUDA events on a GPU); "S2T share" is its median over the median STAPO step.
-Peak memory: weights + AdamW states (resident at the start of a step) plus the peak of the tensors allocated during
-one step (see `_common.peak_memory_bytes`: `torch.profiler` allocation events on CPU, `torch.cuda.max_memory_allocated`
-on a GPU), measured on extra, untimed steps.
+The three trainers run interleaved: each round runs one cycle of each in random order; warm-up rounds are discarded.
+Reported per STAPO scope: the median time per optimizer step, the median of the per-round ratios STAPO / GRPO and its
+interquartile range, and the ratio of the fastest cycles. Inside the STAPO cycles, the S2T decision
+(`_spurious_mask_and_log`) and the step scope's own no-grad forward (`_no_grad_logps_and_entropies`) are timed
+separately (wall clock on CPU, CUDA events on a GPU), per optimizer step. Peak memory: weights + AdamW states plus the
+peak of the tensors allocated during one cycle (see `_common.peak_memory_bytes`), on an extra, untimed cycle.
 """
 
 import argparse
@@ -45,8 +49,10 @@ from _common import describe_machine, markdown_table, peak_memory_bytes, summary
 
 COLUMNS = [
     "model",
+    "config",
+    "scope",
     "params",
-    "loss tokens",
+    "loss tokens / step",
     "candidates %",
     "silenced %",
     "GRPO ms",
@@ -54,13 +60,16 @@ COLUMNS = [
     "time ratio (median)",
     "ratio IQR",
     "min-time ratio",
-    "S2T ms in step",
-    "S2T share",
+    "S2T ms / step",
+    "S2T forward ms / step",
     "GRPO peak MB",
     "STAPO peak MB",
     "peak ratio",
-    "step-peak ratio",
 ]
+
+# name: (steps_per_generation as a multiple of gradient_accumulation_steps)
+CONFIGS = {"on-policy": 1, "off-policy": 4}
+TRAINERS = ("GRPO", "STAPO step", "STAPO micro_batch")
 
 QWEN3_0_6B = dict(
     vocab_size=151936,
@@ -129,6 +138,50 @@ def make_inputs(vocab_size, batch, prompt_length, completion_length, num_generat
     return {key: value.to(device) for key, value in inputs.items()}
 
 
+def make_generation_batch(vocab_size, batch, prompt_length, completion_length, num_generations, device, seed):
+    """The tensors of a generation batch as TRL has them after generating and scoring (single process)."""
+    generator = torch.Generator().manual_seed(seed)
+    prompt_ids = torch.randint(3, vocab_size, (batch, prompt_length), generator=generator)
+    completion_ids = torch.randint(3, vocab_size, (batch, completion_length), generator=generator)
+    positions = torch.arange(prompt_length)
+    prompt_lengths = torch.randint(prompt_length // 2, prompt_length + 1, (batch,), generator=generator)
+    prompt_mask = (positions >= prompt_length - prompt_lengths[:, None]).long()  # left padding
+    positions = torch.arange(completion_length)
+    lengths = torch.randint(completion_length // 2, completion_length + 1, (batch,), generator=generator)
+    completion_mask = (positions < lengths[:, None]).long()
+    # GRPO advantages: ±1 rewards normalised within groups of `num_generations` completions
+    rewards = torch.randint(0, 2, (batch,), generator=generator).float() * 2 - 1
+    groups = rewards.view(-1, num_generations)
+    advantages = ((groups - groups.mean(1, keepdim=True)) / (groups.std(1, keepdim=True) + 1e-4)).view(-1)
+    inputs = {
+        "prompt_ids": prompt_ids,
+        "prompt_mask": prompt_mask,
+        "completion_ids": completion_ids,
+        "completion_mask": completion_mask,
+        "advantages": advantages,
+    }
+    return {key: value.to(device) for key, value in inputs.items()}
+
+
+def scored_generation_batch(trainer, _inputs):
+    """Stands in for `GRPOTrainer._generate_and_score_completions`: TRL's work after generation and reward (its
+    no-grad forward of the old log-probabilities when it runs one, the loss-token count), without generating."""
+    from trl.models.utils import disable_gradient_checkpointing
+
+    args = trainer.args
+    batch = dict(trainer.benchmark_generation_batch)
+    if args.gradient_accumulation_steps % (args.steps_per_generation * trainer.num_iterations) != 0:  # TRL's test
+        input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+        attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+        with torch.no_grad(), disable_gradient_checkpointing(trainer.model, args.gradient_checkpointing_kwargs):
+            batch["old_per_token_logps"], _, _ = trainer._get_per_token_logps_and_entropies(
+                trainer.model, input_ids, attention_mask, batch["completion_ids"].size(1),
+                batch_size=args.per_device_train_batch_size,
+            )  # fmt: skip
+    batch["num_items_in_batch"] = batch["completion_mask"].sum()
+    return batch
+
+
 def calibrate_prob_threshold(trainer, inputs, candidate_rate: float) -> float:
     """τ_p such that about `candidate_rate` of the loss tokens are candidates (Â > 0 and π < τ_p), at least one."""
     ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
@@ -146,7 +199,7 @@ def calibrate_prob_threshold(trainer, inputs, candidate_rate: float) -> float:
     return float((probs[count - 1] + probs[count]) / 2)
 
 
-def build_trainers(args, size, tokenizer, device, dtype, output_dir):
+def build_trainers(args, size, tokenizer, device, dtype, output_dir, steps_per_generation_factor):
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
@@ -163,12 +216,19 @@ def build_trainers(args, size, tokenizer, device, dtype, output_dir):
         gradient_checkpointing=False,
         dataloader_num_workers=0,
         per_device_train_batch_size=args.batch,
+        gradient_accumulation_steps=args.accumulation,
+        steps_per_generation=args.accumulation * steps_per_generation_factor,
         num_generations=args.num_generations,
         max_completion_length=args.completion_length,
         save_strategy="no",
         seed=args.seed,
     )
-    stapo_config = STAPOConfig(**settings, spurious_mask_mode="low_entropy")
+    configs = {
+        "STAPO step": STAPOConfig(**settings, spurious_mask_mode="low_entropy", spurious_mask_scope="step"),
+        "STAPO micro_batch": STAPOConfig(
+            **settings, spurious_mask_mode="low_entropy", spurious_mask_scope="micro_batch"
+        ),
+    }
     # The GRPOConfig a user would write for the same run (as tests/test_trainer.py's grpo_config_like): the values
     # where STAPOConfig's paper defaults differ from GRPOConfig's, plus the same settings.
     grpo_fields = {f.name: f for f in dataclasses.fields(GRPOConfig)}
@@ -177,9 +237,9 @@ def build_trainers(args, size, tokenizer, device, dtype, output_dir):
         for f in dataclasses.fields(STAPOConfig)
         if f.name in grpo_fields and f.default != grpo_fields[f.name].default
     }
-    grpo_config = GRPOConfig(**paper_defaults, **settings)
+    configs["GRPO"] = GRPOConfig(**paper_defaults, **settings)
     for name in ("loss_type", "epsilon", "epsilon_high", "delta", "beta", "learning_rate", "max_grad_norm"):
-        assert getattr(grpo_config, name) == getattr(stapo_config, name), name
+        assert getattr(configs["GRPO"], name) == getattr(configs["STAPO step"], name), name
 
     prompts = Dataset.from_dict({"prompt": [[{"role": "user", "content": "1+1?"}]] * args.batch})
 
@@ -187,39 +247,41 @@ def build_trainers(args, size, tokenizer, device, dtype, output_dir):
         return [0.0] * len(completions)
 
     trainers = {}
-    for name, trainer_class, config in (("GRPO", GRPOTrainer, grpo_config), ("STAPO", STAPOTrainer, stapo_config)):
+    for name in TRAINERS:
+        trainer_class = GRPOTrainer if name == "GRPO" else STAPOTrainer
         trainer = trainer_class(
-            model=copy.deepcopy(model),
-            reward_funcs=reward,
-            args=config,
-            train_dataset=prompts,
+            model=copy.deepcopy(model), reward_funcs=reward, args=configs[name], train_dataset=prompts,
             processing_class=tokenizer,
-        )
-        trainer.current_gradient_accumulation_steps = config.gradient_accumulation_steps
+        )  # fmt: skip
         trainer.model.train()
         trainer.create_optimizer()
         trainers[name] = trainer
     return trainers
 
 
-def make_step(trainer, inputs):
-    model, optimizer, accelerator = trainer.model, trainer.optimizer, trainer.accelerator
-    max_grad_norm = trainer.args.max_grad_norm
+def make_cycle(trainer, steps_per_cycle):
+    """One generation batch's worth of training, as Transformers' loop runs it (generation stood in for)."""
+    model, optimizer, accelerator, args = trainer.model, trainer.optimizer, trainer.accelerator, trainer.args
 
-    def step():
-        loss = trainer.compute_loss(model, inputs)
-        accelerator.backward(loss)
-        accelerator.clip_grad_norm_(model.parameters(), max_grad_norm)
-        optimizer.step()
+    def cycle():
+        for _ in range(steps_per_cycle):
+            trainer.current_gradient_accumulation_steps = args.gradient_accumulation_steps
+            for _ in range(args.gradient_accumulation_steps):
+                inputs = trainer._prepare_inputs(None)
+                accelerator.backward(trainer.compute_loss(model, inputs))
+                trainer._step += 1
+            accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            trainer.state.global_step += 1
 
-    return step
+    return cycle
 
 
-def time_s2t_calls(trainer, device) -> list:
-    """Wrap the trainer's `_spurious_mask_and_log` (all of S2T's added tensor work but two element-wise ops) so that
-    every call's duration is recorded: wall clock on CPU; CUDA events on a GPU, i.e. the GPU-timeline span of the call,
-    including any idle gap its host syncs cause. Read the list after the step (the step's final sync)."""
-    original, spans = trainer._spurious_mask_and_log, []
+def time_calls(trainer, method_name, device) -> list:
+    """Wrap a method of the trainer so that every call's duration is recorded: wall clock on CPU; CUDA events on a GPU
+    (the GPU-timeline span of the call, including idle gaps its host syncs cause). Read the values after a sync."""
+    original, spans = getattr(trainer, method_name), []
 
     def wrapper(*args, **kwargs):
         if device.type == "cuda":
@@ -235,7 +297,7 @@ def time_s2t_calls(trainer, device) -> list:
             spans.append(lambda: elapsed)
         return result
 
-    trainer._spurious_mask_and_log = wrapper
+    setattr(trainer, method_name, wrapper)
     return spans
 
 
@@ -247,86 +309,100 @@ def resident_bytes(trainer) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def run_size(args, size, tokenizer, device, dtype) -> list:
+def run_config(args, size, config_name, tokenizer, device, dtype) -> list:
+    from trl import GRPOTrainer
+
+    factor = CONFIGS[config_name]
     with tempfile.TemporaryDirectory() as output_dir:
-        trainers = build_trainers(args, size, tokenizer, device, dtype, output_dir)
+        trainers = build_trainers(args, size, tokenizer, device, dtype, output_dir, factor)
+        grpo_args = trainers["GRPO"].args
         vocab_size = trainers["GRPO"].model.config.vocab_size
-        inputs = make_inputs(
-            vocab_size, args.batch, args.prompt_length, args.completion_length, args.num_generations, device, args.seed
-        )
-        tau_p = calibrate_prob_threshold(trainers["STAPO"], inputs, args.candidate_rate)
-        trainers["STAPO"].args.spurious_prob_threshold = tau_p
-        steps = {name: make_step(trainer, inputs) for name, trainer in trainers.items()}
-        s2t_spans = time_s2t_calls(trainers["STAPO"], device)
+        batch = make_generation_batch(
+            vocab_size, args.batch * grpo_args.steps_per_generation, args.prompt_length, args.completion_length,
+            args.num_generations, device, args.seed,
+        )  # fmt: skip
+        tau_p = calibrate_prob_threshold(trainers["STAPO step"], batch, args.candidate_rate)
+        for name in TRAINERS:
+            trainers[name].benchmark_generation_batch = batch
+            if name != "GRPO":
+                trainers[name].args.spurious_prob_threshold = tau_p
+        steps_per_cycle = factor  # optimizer steps fed by one generation batch
+        cycles = {name: make_cycle(trainer, steps_per_cycle) for name, trainer in trainers.items()}
+        spans = {
+            (name, method): time_calls(trainers[name], method, device)
+            for name in TRAINERS[1:]
+            for method in ("_spurious_mask_and_log", "_no_grad_logps_and_entropies")
+        }
 
-        rng = random.Random(args.seed)
-        times = {name: [] for name in trainers}
-        ratios = []
-        for round_index in range(args.warmup + args.rounds):
-            order = list(trainers)
-            rng.shuffle(order)
-            elapsed = {}
-            for name in order:
-                trainers[name].optimizer.zero_grad(set_to_none=True)
-                elapsed[name] = time_call(steps[name], device)
-            if round_index >= args.warmup:
-                for name in trainers:
-                    times[name].append(elapsed[name])
-                ratios.append(elapsed["STAPO"] / elapsed["GRPO"])
-        s2t_ms = [span() for span in s2t_spans[-args.rounds :]]
+        original_generation = GRPOTrainer._generate_and_score_completions
+        GRPOTrainer._generate_and_score_completions = scored_generation_batch
+        try:
+            rng = random.Random(args.seed)
+            times = {name: [] for name in trainers}
+            for round_index in range(args.warmup + args.rounds):
+                order = list(trainers)
+                rng.shuffle(order)
+                elapsed = {name: time_call(cycles[name], device) for name in order}
+                if round_index >= args.warmup:
+                    for name in trainers:
+                        times[name].append(elapsed[name] / steps_per_cycle)
+            per_step_ms = {
+                key: sum(span() for span in values) / ((args.warmup + args.rounds) * steps_per_cycle)
+                for key, values in spans.items()
+            }
+            peaks = {}
+            for name in trainers:
+                step_peak, start = peak_memory_bytes(cycles[name], device)
+                resident = start if device.type == "cuda" else resident_bytes(trainers[name])
+                peaks[name] = resident + step_peak
+        finally:
+            GRPOTrainer._generate_and_score_completions = original_generation
 
-        peaks = {}
-        for name in trainers:
-            trainers[name].optimizer.zero_grad(set_to_none=True)
-            step_peak, start = peak_memory_bytes(steps[name], device)
-            resident = start if device.type == "cuda" else resident_bytes(trainers[name])
-            peaks[name] = (resident + step_peak, step_peak)
-
-        metrics = trainers["STAPO"]._metrics["train"]
-        candidates = 100 * sum(metrics["spurious/candidate_ratio"]) / len(metrics["spurious/candidate_ratio"])
-        silenced = 100 * sum(metrics["spurious/silenced_ratio"]) / len(metrics["spurious/silenced_ratio"])
         params = sum(p.numel() for p in trainers["GRPO"].model.parameters())
-        ratio = summary(ratios)
-        grpo_ms, stapo_ms = (summary(times[name])["median"] * 1e3 for name in ("GRPO", "STAPO"))
-        print(
-            f"[{size}] τ_p = {tau_p:.4g}; per-round ratios: min {ratio['min']:.4f}, max {ratio['max']:.4f}; "
-            f"STAPO metric spurious/mask_time_ms median "
-            f"{summary(metrics['spurious/mask_time_ms'])['median']:.3f} ms",
-            file=sys.stderr,
-        )
-        return [
-            size,
-            f"{params / 1e6:.2f}M",
-            int(inputs["completion_mask"].sum()),
-            f"{candidates:.3f}",
-            f"{silenced:.3f}",
-            f"{grpo_ms:.2f}",
-            f"{stapo_ms:.2f}",
-            f"{ratio['median']:.4f}",
-            f"[{ratio['q25']:.4f}, {ratio['q75']:.4f}]",
-            f"{min(times['STAPO']) / min(times['GRPO']):.4f}",
-            f"{summary(s2t_ms)['median']:.3f}",
-            f"{summary(s2t_ms)['median'] / stapo_ms:.2%}",
-            f"{peaks['GRPO'][0] / 2**20:.2f}",
-            f"{peaks['STAPO'][0] / 2**20:.2f}",
-            f"{peaks['STAPO'][0] / peaks['GRPO'][0]:.4f}",
-            f"{peaks['STAPO'][1] / peaks['GRPO'][1]:.4f}",
-        ]
+        loss_tokens = int(batch["completion_mask"].sum()) // grpo_args.steps_per_generation * args.accumulation
+        rows = []
+        for name in TRAINERS[1:]:
+            metrics = trainers[name]._metrics["train"]
+            candidates = 100 * _mean(metrics["spurious/candidate_ratio"])
+            silenced = 100 * _mean(metrics["spurious/silenced_ratio"])
+            ratios = [s / g for s, g in zip(times[name], times["GRPO"], strict=True)]
+            ratio = summary(ratios)
+            grpo_ms, stapo_ms = (summary(times[n])["median"] * 1e3 for n in ("GRPO", name))
+            print(
+                f"[{size} {config_name} {name}] τ_p = {tau_p:.4g}; per-round ratios: min {ratio['min']:.4f}, "
+                f"max {ratio['max']:.4f}",
+                file=sys.stderr,
+            )
+            rows.append([
+                size, config_name, name.split()[1], f"{params / 1e6:.2f}M", loss_tokens, f"{candidates:.3f}",
+                f"{silenced:.3f}", f"{grpo_ms:.1f}", f"{stapo_ms:.1f}", f"{ratio['median']:.4f}",
+                f"[{ratio['q25']:.4f}, {ratio['q75']:.4f}]", f"{min(times[name]) / min(times['GRPO']):.4f}",
+                f"{per_step_ms[(name, '_spurious_mask_and_log')]:.2f}",
+                f"{per_step_ms[(name, '_no_grad_logps_and_entropies')]:.1f}",
+                f"{peaks['GRPO'] / 2**20:.2f}", f"{peaks[name] / 2**20:.2f}", f"{peaks[name] / peaks['GRPO']:.4f}",
+            ])  # fmt: skip
+        return rows
+
+
+def _mean(values):
+    return sum(values) / len(values)
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preset", choices=["tiny", "qwen3-0.6b"], default="tiny")
     parser.add_argument("--sizes", default=None, help="comma-separated HIDDENxLAYERS of tiny Qwen3 models")
+    parser.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated: on-policy, off-policy")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
-    parser.add_argument("--batch", type=int, default=16, help="completions per micro-batch")
-    parser.add_argument("--num-generations", type=int, default=8)
+    parser.add_argument("--batch", type=int, default=4, help="completions per micro-batch")
+    parser.add_argument("--accumulation", type=int, default=4, help="micro-batches per optimizer step")
+    parser.add_argument("--num-generations", type=int, default=4)
     parser.add_argument("--prompt-length", type=int, default=None, help="default: 32 (tiny), 128 (qwen3-0.6b)")
     parser.add_argument("--completion-length", type=int, default=None, help="default: 256 (tiny), 1024 (qwen3-0.6b)")
     parser.add_argument("--candidate-rate", type=float, default=5e-4, help="target fraction of loss tokens")
-    parser.add_argument("--rounds", type=int, default=30)
-    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="tiny sizes and few rounds (smoke test)")
@@ -336,8 +412,8 @@ def main(argv=None):
     args.completion_length = args.completion_length or (1024 if qwen else 256)
     if args.quick:
         args.sizes = args.sizes or "32x1"
-        args.batch, args.completion_length, args.prompt_length = 8, 32, 8
-        args.rounds, args.warmup = 3, 1
+        args.batch, args.accumulation, args.completion_length, args.prompt_length = 4, 2, 32, 8
+        args.rounds, args.warmup = 2, 1
     if args.sizes is None:
         args.sizes = "qwen3-0.6b" if qwen else "64x2,256x4"
     if args.threads:
@@ -348,12 +424,17 @@ def main(argv=None):
     from stapo_trl.toy.tokenizer import build_tokenizer
 
     tokenizer = build_tokenizer()
-    rows = [run_size(args, size, tokenizer, device, dtype) for size in args.sizes.split(",")]
+    rows = [
+        row
+        for size in args.sizes.split(",")
+        for config_name in args.configs.split(",")
+        for row in run_config(args, size, config_name, tokenizer, device, dtype)
+    ]
     print(f"Machine: {describe_machine(device)}")
     print(
-        f"Micro-batch: {args.batch} completions x {args.completion_length} tokens (prompt {args.prompt_length}), "
-        f"{args.dtype} on {device}; {args.rounds} interleaved rounds after {args.warmup} warm-up rounds; "
-        f"target candidate rate {args.candidate_rate:.2%}\n"
+        f"Optimizer step: {args.accumulation} micro-batches of {args.batch} completions x {args.completion_length} "
+        f"tokens (prompt {args.prompt_length}), {args.dtype} on {device}; {args.rounds} interleaved rounds after "
+        f"{args.warmup} warm-up rounds; target candidate rate {args.candidate_rate:.2%}; times per optimizer step\n"
     )
     print(markdown_table(COLUMNS, rows))
 
