@@ -7,8 +7,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from stapo_trl.code.data import SAMPLE_FILE, load_eurus_code
+from stapo_trl.code.data import SAMPLE_FILE, drop_long_prompts, load_eurus_code
 from stapo_trl.code.reward import parse_tests
+from stapo_trl.toy.tokenizer import build_tokenizer
 
 
 RECORDS = [json.loads(line) for line in SAMPLE_FILE.read_text().splitlines()]
@@ -88,3 +89,14 @@ def test_missing_column_and_missing_source(tmp_path):
         load_eurus_code(path)
     with pytest.raises(FileNotFoundError, match="no such file"):
         load_eurus_code(tmp_path / "absent.parquet")
+
+
+def test_drop_long_prompts_counts_the_rendered_prompt():
+    tokenizer = build_tokenizer()  # one token per character; the chat template adds 3 special tokens and
+    # "user\n", "\n" and "assistant\n" around the user message: 19 tokens besides its content
+    dataset = load_eurus_code(SAMPLE_FILE, keep_system_prompt=False)
+    lengths = [len(prompt[0]["content"]) + 19 for prompt in dataset["prompt"]]
+    limit = sorted(lengths)[2]
+    kept = drop_long_prompts(dataset, tokenizer, limit)
+    assert kept["id"] == [row_id for row_id, length in zip(dataset["id"], lengths) if length <= limit]
+    assert len(drop_long_prompts(dataset, tokenizer, limit - 1)) == len(kept) - lengths.count(limit)

@@ -95,6 +95,28 @@ def load_eurus_code(
     return result.remove_columns(["_row", "_error"])
 
 
+def drop_long_prompts(dataset: Dataset, tokenizer, max_tokens: int) -> Dataset:
+    """Drop the rows whose prompt is longer than `max_tokens` once rendered (veRL's ``filter_overlong_prompts``).
+
+    A prompt's length is that of its chat-template rendering with the generation prompt, as the trainer feeds it
+    to the model. The number of rows dropped is logged.
+    """
+
+    def fits(prompt: list[dict[str, str]]) -> bool:
+        text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"]) <= max_tokens
+
+    kept = dataset.filter(fits, input_columns="prompt")
+    if len(kept) < len(dataset):
+        logger.warning(
+            "dropped %d of %d problems whose prompt is longer than %d tokens",
+            len(dataset) - len(kept),
+            len(dataset),
+            max_tokens,
+        )
+    return kept
+
+
 def _row_fields(example: dict, *, label: str, keep_system_prompt: bool) -> dict[str, Any]:
     """The output columns of one row, and ``_error`` naming the source, row and field when the row is unusable."""
     row = example["_row"]

@@ -1,0 +1,96 @@
+"""examples/train_code.py end to end on the toy model and the shipped sample problems, offline."""
+
+import dataclasses
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from stapo_trl.cli import parse_args
+
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "examples" / "train_code.py"
+ENV = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+
+
+def run_script(arguments: list[str], timeout: float) -> subprocess.CompletedProcess:
+    """Run the script in its own session; on timeout its whole process group is killed."""
+    process = subprocess.Popen(
+        [sys.executable, str(SCRIPT), *arguments],
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        raise
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def test_a_malformed_dataset_fails_before_any_model_is_loaded(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"prompt": [{"role": "user", "content": "x"}], "reward_model": {"ground_truth": "{"}}))
+    result = run_script(["--dataset_name", str(bad), "--output_dir", str(tmp_path / "out")], timeout=300)
+    assert result.returncode == 2
+    assert "row 0: field 'reward_model.ground_truth'" in result.stderr and "drop_invalid" in result.stderr
+    assert "Loading weights" not in result.stderr
+
+
+@pytest.mark.slow
+def test_trains_offline_on_the_sample_problems(tmp_path):
+    result = run_script(["--max_steps", "2", "--output_dir", str(tmp_path)], timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "Method stapo (1 process)" in result.stdout + result.stderr
+    assert json.loads((tmp_path / "results.json").read_text())["steps"] == 2
+    history = json.loads((tmp_path / "trainer_state.json").read_text())["log_history"]
+    logged = [entry for entry in history if "rewards/code_reward/mean" in entry]
+    assert len(logged) == 2
+    assert all(
+        -1.0 <= entry["rewards/code_reward/mean"] <= 1.0 and "spurious/silenced_ratio" in entry for entry in logged
+    )
+    assert (tmp_path / "model.safetensors").is_file()
+
+
+def load_script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "examples" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("method", ["stapo", "justrl", "grpo", "20_entropy"])
+def test_the_code_recipe_trains_as_the_math_recipe_of_the_same_model(method):
+    """Paper Table 4: one setting for both tasks. Every STAPOConfig value equals the math recipe's but the names."""
+    recipes = ROOT / "examples" / "recipes" / "Qwen3-1.7B-Base"
+    argv = ["--method", method, "--use_cpu", "true"]
+    code_args, code, code_model = parse_args(
+        load_script("train_code").SCRIPT, ["--config", str(recipes / "code.yaml"), *argv]
+    )
+    _, math, math_model = parse_args(
+        load_script("train_math").SCRIPT, ["--config", str(recipes / "stapo.yaml"), *argv]
+    )
+    names = {"output_dir", "run_name", "hub_model_id", "logging_dir"}
+    differences = {
+        f.name: (getattr(code, f.name), getattr(math, f.name))
+        for f in dataclasses.fields(code)
+        if f.name not in names and getattr(code, f.name) != getattr(math, f.name)
+    }
+    assert differences == {}
+    assert code_model == math_model
+    assert code.output_dir.endswith(f"code-{method}") and code.max_completion_length == 15360
+    assert (code_args.dataset_name, code_args.max_prompt_length, code_args.test_timeout) == (
+        "PRIME-RL/Eurus-2-RL-Data",
+        1024,
+        5.0,
+    )
