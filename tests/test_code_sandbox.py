@@ -3,6 +3,7 @@
 import os
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -31,24 +32,25 @@ NAMESPACES = namespaces_available()
 needs_namespaces = pytest.mark.skipif(not NAMESPACES, reason="this kernel refuses unprivileged namespaces")
 
 
-def harness_processes() -> list[int]:
-    """Every process on the machine running the sandbox harness (its forked children keep its command line)."""
+def harness_processes(marker: str) -> list[int]:
+    """The processes running the sandbox harness on a job under `marker` (forked children keep its command line)."""
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if str(HARNESS).encode() in (entry / "cmdline").read_bytes():
-                    found.append(int(entry.name))
+                command_line = (entry / "cmdline").read_bytes()
             except OSError:
-                pass
+                continue
+            if str(HARNESS).encode() in command_line and marker.encode() in command_line:
+                found.append(int(entry.name))
     return found
 
 
-def assert_nothing_left_running():
+def assert_nothing_left_running(marker: str):
     deadline = time.monotonic() + 5
-    while harness_processes() and time.monotonic() < deadline:
+    while harness_processes(marker) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert harness_processes() == []
+    assert harness_processes(marker) == []
 
 
 def run(program: str, sandbox: LocalSandbox | None = None, timeout: float = 2.0) -> tuple[list[Output], float]:
@@ -65,11 +67,15 @@ def assert_process_healthy():
 
 
 @pytest.fixture(autouse=True)
-def _no_leftovers():
-    yield
-    assert_nothing_left_running()
+def sandbox_dir(tmp_path, monkeypatch):
+    """This test's sandboxes get their working directories here, which marks their processes as this test's."""
+    directory = tmp_path / "sandboxes"
+    directory.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(directory))
+    yield directory
+    assert_nothing_left_running(str(directory))
     assert_process_healthy()
-    assert not list(Path(os.environ.get("TMPDIR", "/tmp")).glob("stapo-sandbox-*/job.json"))
+    assert list(directory.iterdir()) == []  # every working directory was deleted
 
 
 def test_runs_a_program_on_each_input():
@@ -121,8 +127,7 @@ def test_sleeping_and_detached_processes_are_killed(isolate):
     for name in ("sleep_forever", "detached_sleeper"):
         outputs, _ = run(code_programs.HOSTILE[name], LocalSandbox(isolate=isolate), timeout=1.0)
         assert outputs[0].status in ("timeout", "ok")
-        if isolate or name == "sleep_forever":
-            assert_nothing_left_running()
+        assert_nothing_left_running(tempfile.gettempdir())
 
 
 @needs_namespaces
@@ -197,3 +202,24 @@ def test_a_sandbox_that_cannot_start_is_reported_not_raised(monkeypatch):
 def test_set_default_executor_refuses_objects_without_execute():
     with pytest.raises(TypeError, match="execute"):
         sandbox_module.set_default_executor(object())
+
+
+@needs_namespaces
+def test_service_sockets_under_run_are_hidden():
+    path = Path("/run") / f"stapo-sandbox-test-{os.getpid()}.sock"
+    try:
+        listener = socket.socket(socket.AF_UNIX)
+        listener.bind(str(path))
+    except OSError:
+        pytest.skip("/run is not writable here")
+    try:
+        listener.listen()
+        listener.settimeout(0.5)
+        program = f"import socket\nsocket.socket(socket.AF_UNIX).connect({str(path)!r})\nprint('escaped')\n"
+        outputs, _ = run(program)
+        assert outputs[0].status == "error" and "FileNotFoundError" in outputs[0].detail
+        with pytest.raises(TimeoutError):
+            listener.accept()
+    finally:
+        listener.close()
+        path.unlink()

@@ -196,6 +196,14 @@ def isolate(workdir: str, tmpfs_bytes: int) -> tuple[list[str], dict[str, str], 
         missing["read-only filesystem"] = "; ".join(failures)
     else:
         protections.append("read-only filesystem" + (f" except {', '.join(failures)}" if failures else ""))
+    # A read-only mount does not stop connect() on a Unix socket file: hide where services keep theirs (the
+    # container engine's, D-Bus, systemd), unless the working directory lives there.
+    if os.path.isdir("/run") and not os.path.islink("/run") and not workdir.startswith("/run/"):
+        try:
+            _mount("tmpfs", "/run", "tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC | _MS_RDONLY, "size=4k")
+            protections.append("/run hidden (service sockets)")
+        except OSError as error:
+            missing["/run hidden"] = str(error)
     return protections, missing, True
 
 
