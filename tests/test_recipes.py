@@ -1,30 +1,28 @@
-"""The recipes, accelerate configs and SLURM script of the GPU launches (docs/launching.md), checked on CPU, offline.
+"""The shipped recipes, accelerate configs and SLURM script (docs/launching.md), checked on a CPU, offline.
 
-Each recipe is loaded the way `examples/train_math.py` loads it (its `parse_args`: method values as defaults, then the
-recipe, then the command line) and compared with the paper's settings (REFERENCE.md). Only `--use_cpu true` is added:
-with it, `bf16: true` passes TrainingArguments' checks without a GPU, and `use_vllm: true` is only read at trainer
-construction, so the recipes' own values are the ones checked. Each accelerate config goes through `accelerate launch`'s
-own loading and validation, without starting anything.
+Every recipe trains one optimizer step here with only the overrides a CPU needs (the toy model and problems, no vLLM,
+no bf16, short completions), through `examples/train_math.py`'s own path (stapo_trl.cli), so that no recipe can break
+silently. The paper's settings are checked where the recipes derive them (batch arithmetic, the method switch);
+each accelerate config goes through `accelerate launch`'s own loading and validation, without starting anything.
 """
 
-import dataclasses
 import importlib.util
+import json
 import os
 import re
 import subprocess
-import sys
 import warnings
 from pathlib import Path
 
 import pytest
 import yaml
 
+
 os.environ["HF_HUB_OFFLINE"] = "1"
 
-from trl import ModelConfig  # noqa: E402
+from stapo_trl.cli import check_before_loading, parse_args  # noqa: E402
+from stapo_trl.methods import METHODS, method_config  # noqa: E402
 
-from stapo_trl import STAPOConfig  # noqa: E402
-from stapo_trl.methods import METHODS  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPES = REPO / "examples" / "recipes"
@@ -33,218 +31,108 @@ SLURM_SCRIPT = REPO / "examples" / "slurm" / "train_multinode.slurm"
 LAUNCHING_DOC = REPO / "docs" / "launching.md"
 
 MODELS = ("Qwen3-1.7B-Base", "Qwen3-8B-Base", "Qwen3-14B-Base")
-PAPER_METHODS = ("stapo", "justrl", "grpo", "20_entropy")
-PAPER_RECIPES = [RECIPES / model / f"{method}.yaml" for model in MODELS for method in PAPER_METHODS]
+PAPER_RECIPES = [RECIPES / model / "stapo.yaml" for model in MODELS]
 LORA_RECIPE = RECIPES / "Qwen3-1.7B-Base" / "stapo_lora_1gpu.yaml"
-GPU_RECIPES = PAPER_RECIPES + [LORA_RECIPE]
+MATH_RECIPES = PAPER_RECIPES + [LORA_RECIPE, RECIPES / "toy" / "stapo_cpu.yaml"]
 
-# The paper's setting (REFERENCE.md, paper §5.1 / App. 10 / Table 4: the JustRL setting)
-PAPER_GPUS = 64  # 8 nodes x 8 GPUs
-COMPLETIONS_PER_OPTIMIZER_STEP = 512  # mini-batch of 64 prompts x G = 8
-COMPLETIONS_PER_GENERATION = 2048  # 256 prompts x G = 8
+# The paper's batch (paper App. 10, JustRL setting): 64 GPUs; 256 prompts x 8 per generation, in 4 optimizer steps
+PAPER_GPUS = 64
+COMPLETIONS_PER_OPTIMIZER_STEP = 512
+COMPLETIONS_PER_GENERATION = 2048
 OPTIMIZER_STEPS_PER_GENERATION = 4
 MAX_PROMPT_LENGTH = 1024
 
-# Per method: (spurious_mask_mode, loss_type, epsilon_high, beta, top_entropy_quantile, delta)
-EXPECTED_METHOD_VALUES = {
-    "stapo": ("low_entropy", "dapo", 0.28, 0.0, 1.0, 10.0),
-    "justrl": ("none", "dapo", 0.28, 0.0, 1.0, 10.0),
-    "20_entropy": ("none", "dapo", 0.28, 0.0, 0.2, 10.0),
-    "grpo": ("none", "grpo", 0.2, 0.04, 1.0, None),  # DeepSeekMath: symmetric ε, KL β = 0.04, no dual-clip
-}
-
-# Fields set by some method: a recipe setting them would stop `--method` from switching them.
-METHOD_KEYS = sorted({key for values in METHODS.values() for key in values})
-# Fields that only name the run.
-NAME_FIELDS = ("output_dir", "run_name", "hub_model_id", "logging_dir")
-
-
-def _load_train_math():
-    path = REPO / "examples" / "train_math.py"
-    if not path.exists():
-        pytest.skip("examples/train_math.py does not exist yet")
-    if "train_math" in sys.modules:
-        return sys.modules["train_math"]
-    spec = importlib.util.spec_from_file_location("train_math", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["train_math"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture(scope="module")
-def train_math():
-    return _load_train_math()
-
-
-def load_recipe(train_math, path: Path, *extra: str):
-    """(script_args, training_args, model_args) exactly as the script builds them, plus `--use_cpu true`."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # e.g. transformers' deprecation notice for `gradient_checkpointing`
-        return train_math.parse_args(["--config", str(path), "--use_cpu", "true", *extra])
-
-
-def raw(path: Path) -> dict:
-    with open(path) as f:
-        return yaml.safe_load(f)
+# What a CPU needs, and nothing else: the toy model and problems, no vLLM, no bf16, short completions (the toy model's
+# context is short, and 15k-token rollouts would take hours), one optimizer step.
+CPU_OVERRIDES = ["--model_name_or_path", "toy", "--dataset_name", "toy", "--use_vllm", "false", "--bf16", "false",
+                 "--use_cpu", "true", "--max_completion_length", "32", "--max_steps", "1"]  # fmt: skip
 
 
 def recipe_id(path: Path) -> str:
     return f"{path.parent.name}/{path.stem}"
 
 
-def test_every_recipe_exists():
-    missing = [recipe_id(p) for p in GPU_RECIPES if not p.exists()]
-    assert not missing, f"missing recipes: {missing}"
+@pytest.fixture(scope="module")
+def train_math():
+    spec = importlib.util.spec_from_file_location("train_math", REPO / "examples" / "train_math.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-@pytest.mark.parametrize("path", GPU_RECIPES, ids=recipe_id)
-def test_recipe_keys_are_fields(path, train_math):
-    """Every key is a field of MathScriptArguments, STAPOConfig or ModelConfig (TrlParser would refuse others)."""
-    known = {"env"}
-    for cls in (train_math.MathScriptArguments, STAPOConfig, ModelConfig):
-        known.update(f.name for f in dataclasses.fields(cls))
-    unknown = sorted(set(raw(path)) - known)
-    assert not unknown, f"{recipe_id(path)}: not a field of any config class: {unknown}"
+def load_recipe(train_math, path: Path, *extra: str):
+    """(script_args, training_args, model_args) as the script builds them; `--use_cpu true` lets bf16 pass."""
+    return parse_args(train_math.SCRIPT, ["--config", str(path), "--use_cpu", "true", *extra])
 
 
-@pytest.mark.parametrize("path", GPU_RECIPES, ids=recipe_id)
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "path, method",
+    [(path, "stapo") for path in MATH_RECIPES] + [(PAPER_RECIPES[0], "grpo")],
+    ids=lambda value: recipe_id(value) if isinstance(value, Path) else value,
+)
+def test_recipe_trains_one_step(path, method, train_math, tmp_path):
+    """The recipe as shipped, plus CPU_OVERRIDES: parse, early checks, trainer, one optimizer step, saved run."""
+    output_dir = tmp_path / "run"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)  # no deprecated setting in a recipe
+        script_args, args, model_args = parse_args(
+            train_math.SCRIPT,
+            ["--config", str(path), *CPU_OVERRIDES, "--method", method, "--output_dir", str(output_dir)],
+        )
+    check_before_loading(script_args, args, model_args)
+    train_math.main(script_args, args, model_args)
+    results = json.loads((output_dir / "results.json").read_text())
+    assert results["steps"] == 1 and results["method"] == method
+    (logged,) = [entry for entry in json.loads((output_dir / "trainer_state.json").read_text())["log_history"]
+                 if "loss" in entry]  # fmt: skip
+    assert "spurious/silenced_ratio" in logged and logged["step"] == 1
+    saved = "adapter_model.safetensors" if model_args.use_peft else "model.safetensors"
+    assert (output_dir / saved).is_file()
+
+
+@pytest.mark.parametrize("path", PAPER_RECIPES + [LORA_RECIPE], ids=recipe_id)
 def test_recipe_leaves_method_values_to_the_method(path):
     """Recipe keys win over the method's values, so a recipe that set one would break `--method`."""
-    data = raw(path)
-    assert data.get("method") in METHODS
-    overlap = sorted(set(data) & set(METHOD_KEYS))
-    assert not overlap, f"{recipe_id(path)} sets {overlap}, which belong to `method:` (stapo_trl.methods.METHODS)"
+    recipe = yaml.safe_load(path.read_text())
+    assert recipe.get("method") in METHODS
+    method_keys = {key for values in METHODS.values() for key in values}
+    assert not sorted(set(recipe) & method_keys), f"{recipe_id(path)} sets values that belong to `--method`"
 
 
 @pytest.mark.parametrize("path", PAPER_RECIPES, ids=recipe_id)
-def test_paper_recipe_values(path, train_math):
-    script_args, args, model_args = load_recipe(train_math, path)
-    model, method = path.parent.name, path.stem
-
-    assert script_args.method == method
-    assert model_args.model_name_or_path == f"Qwen/{model}"
-    assert script_args.dataset_name == "BytedTsinghua-SIA/DAPO-Math-17k"
-    assert script_args.dataset_format == "dapo"
-    assert model_args.use_peft is False
-
-    # S2T thresholds (Table 4)
-    assert args.spurious_prob_threshold == 0.002
-    assert args.spurious_entropy_quantile == 0.75
-    # Rollouts (App. 10, §5.1, JustRL setting)
-    assert args.num_generations == 8
-    assert args.temperature == 1.0 and args.top_p == 1.0
-    assert args.max_completion_length == 15360
-    assert args.num_iterations == 1
-    assert args.scale_rewards == "group"
-    # Clipping: ε_low everywhere; ε_high, β, loss and mask from the method; dual-clip c = 10 except GRPO
-    mode, loss_type, epsilon_high, beta, top_entropy_quantile, delta = EXPECTED_METHOD_VALUES[method]
-    assert args.epsilon == 0.2
-    assert args.spurious_mask_mode == mode
-    assert args.loss_type == loss_type
-    assert args.epsilon_high == epsilon_high
-    assert args.beta == beta
-    assert args.top_entropy_quantile == top_entropy_quantile
-    assert args.delta == delta
-    # Optimizer (App. 10, JustRL setting)
-    assert args.learning_rate == 1e-6
-    assert args.lr_scheduler_type == "constant_with_warmup"  # a str-valued enum
-    assert args.warmup_steps == 10
-    assert args.weight_decay == 0.1
-    assert args.max_grad_norm == 1.0
-    # Precision: fp32 master weights (1e-6 updates vanish in bf16 weights), bf16 compute
-    assert model_args.dtype == "float32"
-    assert args.bf16 is True
-    assert args.gradient_checkpointing is True
-    # Run names carry the model and the method; nothing is pushed by default
-    for name in (args.output_dir, args.run_name, args.hub_model_id):
-        assert model in name and method in name
-    assert args.push_to_hub is False
-    assert args.logging_steps == 1
-
-
-@pytest.mark.parametrize("path", PAPER_RECIPES, ids=recipe_id)
-def test_batch_arithmetic_for_64_gpus(path, train_math):
-    """512 completions per optimizer step and 2048 per generation, i.e. 4 optimizer steps per generation."""
-    _, args, _ = load_recipe(train_math, path)
-    per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * PAPER_GPUS
-    assert per_step == COMPLETIONS_PER_OPTIMIZER_STEP
-    assert args.steps_per_generation == OPTIMIZER_STEPS_PER_GENERATION * args.gradient_accumulation_steps
-    # TRL: generation_batch_size = per_device_train_batch_size x num_processes x steps_per_generation
-    per_generation = args.per_device_train_batch_size * PAPER_GPUS * args.steps_per_generation
-    assert per_generation == COMPLETIONS_PER_GENERATION
-    assert per_generation % args.num_generations == 0
-    assert args.per_device_train_batch_size <= 2  # 15k-token completions
-    # The header states the assumption and how to rescale it
-    text = path.read_text()
-    assert "GPU COUNT ASSUMPTION: 64 GPUs" in text and "RESCALING" in text
-
-
-@pytest.mark.parametrize("path", GPU_RECIPES, ids=recipe_id)
-def test_vllm_colocate_settings(path, train_math):
-    data = raw(path)
-    assert data["use_vllm"] is True
-    assert data["vllm_mode"] == "colocate"
-    assert data["vllm_enable_sleep_mode"] is True
-    assert 0.0 < data["vllm_gpu_memory_utilization"] < 1.0
-    _, args, _ = load_recipe(train_math, path)
-    assert args.use_vllm is True and args.vllm_mode == "colocate"
-    assert args.vllm_max_model_length == MAX_PROMPT_LENGTH + args.max_completion_length
-    gpus = 1 if path == LORA_RECIPE else PAPER_GPUS
-    assert gpus % args.vllm_tensor_parallel_size == 0
-
-
-@pytest.mark.parametrize("model", MODELS)
-@pytest.mark.parametrize("method", ["justrl", "20_entropy", "grpo"])
-def test_method_switch_reproduces_the_method_recipe(model, method, train_math):
-    """`--method X` on stapo.yaml gives X's recipe, up to the run names."""
-    _, switched, switched_model = load_recipe(train_math, RECIPES / model / "stapo.yaml", "--method", method)
-    _, direct, direct_model = load_recipe(train_math, RECIPES / model / f"{method}.yaml")
-    assert differing_fields(switched, direct) == []
-    assert switched_model == direct_model
-
-
-def differing_fields(a: STAPOConfig, b: STAPOConfig) -> list[str]:
-    return [
-        f.name
-        for f in dataclasses.fields(STAPOConfig)
-        if f.name not in NAME_FIELDS and getattr(a, f.name) != getattr(b, f.name)
-    ]
-
-
-def test_lora_one_gpu_recipe(train_math):
-    script_args, args, model_args = load_recipe(train_math, LORA_RECIPE)
-    assert script_args.method == "stapo" and args.spurious_mask_mode == "low_entropy"
-    assert model_args.model_name_or_path in ("Qwen/Qwen3-1.7B-Base", "Qwen/Qwen3-0.6B-Base")
-    assert model_args.use_peft is True
-    assert 32 <= model_args.lora_r <= 64
-    assert model_args.lora_target_modules == "all-linear"
-    assert model_args.lora_dropout == 0.0
-    # Its own, documented departures from the paper
-    assert args.learning_rate == 1e-5
-    assert 2048 <= args.max_completion_length <= 4096
-    assert 100 <= args.max_steps <= 1000
-    assert args.vllm_gpu_memory_utilization <= 0.4
-    # Everything else as in the paper
-    assert args.spurious_prob_threshold == 0.002 and args.spurious_entropy_quantile == 0.75
-    assert (args.epsilon, args.epsilon_high, args.beta, args.delta) == (0.2, 0.28, 0.0, 10.0)
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_method_on_the_command_line(path, method, train_math):
+    """`--method X` on the one recipe per model gives X's values, the paper's shared setting, and X's own run names."""
+    _, args, _ = load_recipe(train_math, path, "--method", method)
+    for key, value in method_config(method).items():
+        assert getattr(args, key) == value, key
+    assert (args.spurious_prob_threshold, args.spurious_entropy_quantile) == (0.002, 0.75)  # paper Table 4
+    assert (args.epsilon, args.learning_rate, args.weight_decay, args.max_grad_norm) == (0.2, 1e-6, 0.1, 1.0)
     assert args.num_generations == 8 and args.temperature == 1.0 and args.top_p == 1.0
-    assert args.warmup_steps == 10 and args.weight_decay == 0.1 and args.max_grad_norm == 1.0
-    # One GPU, still 4 optimizer steps per generation
+    for name in (args.output_dir, args.run_name, args.hub_model_id):
+        assert name.endswith(f"{path.parent.name}-{method}")
+
+
+@pytest.mark.parametrize("path", PAPER_RECIPES + [LORA_RECIPE], ids=recipe_id)
+def test_batch_arithmetic(path, train_math):
+    """512 completions per optimizer step and 2048 per generation on 64 GPUs (4 optimizer steps per generation);
+    the one-GPU recipe keeps the 4 steps per generation. Warm-up: the paper's 10 veRL steps, 4 optimizer steps each."""
+    _, args, _ = load_recipe(train_math, path)
+    gpus = 1 if path == LORA_RECIPE else PAPER_GPUS
     assert args.steps_per_generation == OPTIMIZER_STEPS_PER_GENERATION * args.gradient_accumulation_steps
-    assert (args.per_device_train_batch_size * args.steps_per_generation) % args.num_generations == 0
-    assert "GPU COUNT ASSUMPTION: 1 GPU" in LORA_RECIPE.read_text()
-
-
-@pytest.mark.parametrize("path", GPU_RECIPES, ids=recipe_id)
-def test_every_value_has_a_comment(path):
-    """Open-r1 style: each top-level `key: value` line states where its value comes from."""
-    bare = [
-        line
-        for line in path.read_text().splitlines()
-        if re.match(r"^[A-Za-z_]\w*:", line) and "#" not in line
-    ]
-    assert not bare, f"{recipe_id(path)}: values without a source comment: {bare}"
+    assert args.warmup_steps == 10 * OPTIMIZER_STEPS_PER_GENERATION
+    per_generation = args.per_device_train_batch_size * gpus * args.steps_per_generation
+    assert per_generation % args.num_generations == 0
+    if gpus == PAPER_GPUS:
+        assert (
+            args.per_device_train_batch_size * args.gradient_accumulation_steps * gpus
+            == COMPLETIONS_PER_OPTIMIZER_STEP
+        )
+        assert per_generation == COMPLETIONS_PER_GENERATION
+    if args.use_vllm:
+        assert args.vllm_max_model_length >= MAX_PROMPT_LENGTH + args.max_completion_length
+        assert gpus % args.vllm_tensor_parallel_size == 0
 
 
 # ---- accelerate configs ---------------------------------------------------------------------------------------------
@@ -357,9 +245,13 @@ def test_slurm_script():
     assert "srun" in text and "$SLURM_NODEID" in text
 
 
-@pytest.mark.parametrize("path", [SLURM_SCRIPT, LAUNCHING_DOC] + GPU_RECIPES, ids=lambda p: p.name)
+REFERRING_FILES = [SLURM_SCRIPT, LAUNCHING_DOC, REPO / "README.md", *sorted(ACCELERATE_CONFIGS.glob("*.yaml")),
+                   *sorted(RECIPES.glob("*/*.yaml")), REPO / "examples" / "train_math.py"]  # fmt: skip
+
+
+@pytest.mark.parametrize("path", REFERRING_FILES, ids=lambda p: str(p.relative_to(REPO)))
 def test_referenced_files_exist(path):
-    """Every examples/... or docs/... path named in the launch files exists."""
+    """Every examples/... or docs/... path named in the launch files and the README exists."""
     text = path.read_text()
     referenced = set(re.findall(r"\b((?:examples|docs)/[\w./-]+\.(?:py|yaml|slurm|md))", text))
     missing = sorted(p for p in referenced if not (REPO / p).exists())
