@@ -112,8 +112,8 @@ class LocalSandbox:
 
     Args:
         memory_bytes: Address space of each process (``RLIMIT_AS``): a larger allocation fails.
-        max_processes: Processes and threads the program may have at once (PID namespace ``pid_max`` and
-            ``RLIMIT_NPROC``, where they bind).
+        max_processes: Processes and threads the program may have at once (``RLIMIT_NPROC``, which never binds
+            root); the PID namespace's ``pid_max`` (Linux >= 6.14) bounds them below 300 + this for any user.
         file_size_bytes: Largest file it may write (``RLIMIT_FSIZE``).
         tmpfs_bytes: Size of its private working directory (a tmpfs, where mount namespaces are available).
         max_output_bytes: Output kept per input; a program writing more is stopped and fails.

@@ -13,8 +13,9 @@ Isolation, each step measured and reported rather than assumed:
 1. New user, mount, network, PID, IPC and UTS namespaces (``unshare(2)``, unprivileged where the kernel allows it):
    no network interface but a loopback that is down; processes that see only each other; a fresh ``/proc``.
 2. Every mount read-only except a size-bounded tmpfs on the working directory, the only place it can write.
-3. At most `max_processes` processes and threads: the PID namespace's own ``pid_max`` (Linux >= 6.14; it binds
-   root too), and RLIMIT_NPROC, which binds a user other than root and then counts the namespace's processes only.
+3. A bounded number of processes and threads: fewer than 300 + `max_processes` by the PID namespace's own
+   ``pid_max`` (Linux >= 6.14; it binds root too), and `max_processes` by RLIMIT_NPROC, which binds a user other
+   than root and then counts the namespace's processes only.
 4. The untrusted code runs in a forked child per input, without capabilities (none to regain by exec), under CPU
    and output limits; after each input every other process of the PID namespace is killed. When this harness dies,
    the kernel kills the whole namespace. The harness keeps its user id: the programs read what the trainer's user
@@ -384,9 +385,10 @@ def main() -> None:
         try:
             _write(
                 "/proc/sys/kernel/pid_max",
-                str(_RESERVED_PIDS + int(job["max_processes"])),
+                str(_RESERVED_PIDS + int(job["max_processes"])),  # the kernel's minimum is 301
             )
-            protections.append(f"pid_max of the PID namespace: at most {job['max_processes']} processes")
+            limit = _RESERVED_PIDS + int(job["max_processes"])
+            protections.append(f"pid_max of the PID namespace: fewer than {limit} processes and threads")
         except OSError as error:  # before Linux 6.14 pid_max is global
             missing["pid_max of the PID namespace"] = str(error)
     else:
