@@ -1,11 +1,17 @@
-"""math_reward (DAPO's +1/-1 rule via math-verify) and extract_boxed_answer: correctness, robustness, time bounds."""
+"""math_reward (DAPO's +1/-1 rule via math-verify), the boxed-answer and gold readers: correctness, multi-part answers
+against math-verify's own verdicts, robustness, time and memory bounds, verifier processes."""
 
 import os
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 
 import logging  # noqa: E402
+import math  # noqa: E402
 import random  # noqa: E402
+import select  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 import warnings  # noqa: E402
@@ -15,7 +21,13 @@ import pyarrow.parquet as pq  # noqa: E402
 import pytest  # noqa: E402
 
 from stapo_trl.math import reward as rewards  # noqa: E402
-from stapo_trl.math.reward import MAX_ANSWER_CHARS, extract_boxed_answer, math_reward  # noqa: E402
+from stapo_trl.math.reward import (  # noqa: E402
+    MAX_ANSWER_CHARS,
+    boxed_answers,
+    extract_boxed_answer,
+    gold_answer,
+    math_reward,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MATH_EVAL_DIR = REPO_ROOT / ".." / "shared" / "data" / "math_eval"  # the six benchmarks' veRL parquet files
@@ -24,7 +36,17 @@ MATH_EVAL_DIR = REPO_ROOT / ".." / "shared" / "data" / "math_eval"  # the six be
 SLOW_TO_VERIFY = [
     (r"\frac{\log 2}{\log 2-\log 3}", "123456789"),
     ("2", "(x+1)^{10000}-(x-1)^{10000}"),
-    ("34", "9^{9^{9^{9^{9^{9^{9^{9^{9^{9^{9}}}}}}}}}}"),
+]
+
+# Answers that write integers too large to evaluate; the first also kept sympy busy for minutes.
+TOO_LARGE_TO_JUDGE = [
+    "9^{9^{9^{9^{9^{9^{9^{9^{9^{9^{9}}}}}}}}}}",
+    "9^{9^{9}}",
+    "10^{100000}",
+    "2^{2^{33}}",
+    "3^{10^{5}} + 1",
+    "(5000)! - 1",
+    r"\frac{1}{10^{10^{10}}}",
 ]
 
 
@@ -46,7 +68,7 @@ def reward(answer_text: str, gold: str, **kwargs) -> float | None:
         (r"\boxed {7}", "7"),
         (r"\fbox{7}", "7"),
         (r"\boxed{ 7 }", "7"),
-        (r"first \boxed{1}, then \boxed{2}", "2"),
+        (r"first \boxed{1}, then \boxed{2}", "1, 2"),  # boxes close together make one answer, as in math-verify
         (r"\boxed{2} but finally \fbox{1}", "1"),
         (r"\boxed{\boxed{5}}", "5"),
         (r"\boxed{34}}", "34"),  # a stray brace after the box does not matter
@@ -76,6 +98,64 @@ def test_extract_boxed_answer_is_fast_on_100kb():
     started = time.monotonic()
     assert [extract_boxed_answer(text) for text in texts] == [None] * len(texts)
     assert time.monotonic() - started < 1.0
+
+
+# Boxes that make one answer, and boxes that do not; the expected parts are math-verify's own grouping
+# (latex2sympy2_extended's extract_boxed_content, which math-verify's parse uses), checked below.
+GROUPED_AS_MATH_VERIFY_DOES = [
+    (r"\boxed{2}, \boxed{3}, \boxed{5}", ["2", "3", "5"]),
+    (r"\boxed{1} papers and \boxed{2} bins", ["1", "2"]),
+    (r"$$\boxed{(2, 2)} \quad \text{and} \quad \boxed{(6, 2)}$$", ["(2, 2)", "(6, 2)"]),
+    (r"\boxed{1},\boxed{2},\boxed{3}", ["1", "2", "3"]),
+    (r"\boxed{3} \quad \boxed{4}", ["3", "4"]),
+    (r"\boxed{5}\text{ cm and }\boxed{7}\text{ cm}", ["5", "7"]),
+    (r"\boxed{x = 1} \text{ or } \boxed{x = -1}", ["x = 1", "x = -1"]),
+    (r"\boxed{1}, \boxed{1}", ["1"]),  # a repeated answer counts once
+    (r"\boxed{3} is the first one; the second one, after the rest of the work on the other case, is \boxed{4}", ["4"]),
+    (r"\boxed{3} which we double to get \boxed{4}", ["4"]),  # no separator between them
+    (r"\boxed{\boxed{5}}", ["5"]),
+]
+
+
+@pytest.mark.parametrize("text, expected", GROUPED_AS_MATH_VERIFY_DOES)
+def test_boxed_answers_group_boxes_as_math_verify_does(text, expected):
+    from latex2sympy2_extended.math_normalization import extract_boxed_content
+
+    assert extract_boxed_content(text, mode="last") == ",".join(expected)  # the reference
+    assert boxed_answers(text) == expected
+    assert extract_boxed_answer(text) == ", ".join(expected)
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [(r"\boxed{} , \boxed{4}", ["4"]), (r"\boxed{1} and \boxed{2", []), (r"\boxed{1} and \boxed{}", []), ("x", [])],
+)
+def test_boxed_answers_ignore_empty_and_unclosed_boxes(text, expected):
+    assert boxed_answers(text) == expected
+
+
+def test_boxed_answers_cap_the_total_length():
+    part = "1" * (MAX_ANSWER_CHARS // 2)
+    assert boxed_answers(rf"\boxed{{{part}}}, \boxed{{{part}2}}") == []
+    assert boxed_answers(rf"\boxed{{{part}}}, \boxed{{{part[1:]}2}}") == [part, part[1:] + "2"]
+
+
+@pytest.mark.parametrize(
+    "gold, expected",
+    [
+        ("34", "34"),
+        ("  34 \n", "34"),
+        (r"\boxed{204}", "204"),
+        (r"The sum is $3 + 4$, so the answer is $\boxed{7}$.", "7"),
+        (r"\boxed{1} papers and \boxed{2} bins", "1, 2"),
+        ("(2, 2), (6, 2)", "(2, 2), (6, 2)"),
+        (r"\boxed{34", r"\boxed{34"),  # no well-formed box: the whole text, which then fails to parse
+        (None, ""),
+        (7, "7"),
+    ],
+)
+def test_gold_answer(gold, expected):
+    assert gold_answer(gold) == expected
 
 
 # --- math_reward: verdicts --------------------------------------------------------------------------------------
@@ -142,7 +222,12 @@ def test_variants_of_the_box_command():
 
 
 def test_the_last_box_counts_both_ways():
-    completions = [r"first \boxed{3}, finally \boxed{4}", r"first \boxed{4}, finally \boxed{3}"]
+    # A box well before the final one (over 70 characters apart) is an intermediate result, not part of the answer.
+    filler = " so we continue the computation with the other case, which needs a few more lines of work, and"
+    completions = [
+        rf"first \boxed{{3}},{filler} finally \boxed{{4}}",
+        rf"first \boxed{{4}},{filler} finally \boxed{{3}}",
+    ]
     assert math_reward(completions, ["4", "4"]) == [1.0, -1.0]
     assert math_reward(completions, ["3", "3"]) == [-1.0, 1.0]
 
@@ -223,7 +308,7 @@ def test_slow_verification_times_out_to_minus_one(gold, answer, caplog):
     started = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="stapo_trl.math.reward"):
         got = math_reward([rf"\boxed{{{answer}}}", r"\boxed{34}"], [gold, "34"], verification_timeout=1)
-    assert got == [-1.0, 1.0]  # with gold "34", the second answer waits behind the slow one in the same job
+    assert got == [-1.0, 1.0]
     assert time.monotonic() - started < 10.0
     assert any("took over 1 s" in message for message in caplog.messages)
     # The hung verifier was replaced: the next call is judged normally.
@@ -263,6 +348,267 @@ def test_dead_verifiers_are_replaced():
     assert math_reward([r"\boxed{34}", r"\boxed{35}"], ["34", "34"]) == [1.0, -1.0]
 
 
+@pytest.mark.parametrize("answer", TOO_LARGE_TO_JUDGE)
+def test_answers_writing_huge_integers_are_refused_before_any_verifier_sees_them(answer, caplog):
+    assert rewards._writes_too_large_an_integer(answer)
+    with caplog.at_level(logging.WARNING, logger="stapo_trl.math.reward"):
+        assert reward(rf"\boxed{{{answer}}}", "34", verification_timeout=600) == -1.0
+    assert any("writes an integer of over" in message for message in caplog.messages)
+
+
+@pytest.mark.parametrize(
+    "answer", ["2^{2023}", "2^{10}", "10^{9999}", "100!", "2^{2^{10}}", "x^{10^{6}}", "2^{2^{n}}"]
+)
+def test_large_but_reasonable_answers_are_not_refused(answer):
+    assert not rewards._writes_too_large_an_integer(answer)
+
+
+@pytest.mark.skipif(not MATH_EVAL_DIR.is_dir(), reason=f"{MATH_EVAL_DIR} is absent")
+def test_no_benchmark_gold_would_be_refused_as_an_answer():
+    for path in sorted(MATH_EVAL_DIR.glob("*.parquet")):
+        for row in pq.read_table(path, columns=["reward_model"])["reward_model"].to_pylist():
+            assert not rewards._writes_too_large_an_integer(gold_answer(row["ground_truth"])), (path.name, row)
+
+
+@pytest.fixture
+def fresh_pool(monkeypatch):
+    """A pool of its own for the test (so module settings apply to new verifiers), closed afterwards."""
+    monkeypatch.setattr(rewards, "_pool", None)
+    yield
+    if rewards._pool is not None:
+        rewards._pool.close()
+
+
+def slow_answers(count: int) -> list[str]:
+    """Distinct answers to the gold "2" that each keep sympy busy for minutes and pass the cheap refusal."""
+    return [rf"\boxed{{(x+1)^{{{9000 + n}}}-(x-1)^{{{9000 + n}}}}}" for n in range(count)]
+
+
+def test_a_call_with_a_batch_of_slow_answers_ends_within_its_budget(caplog):
+    assert reward(r"\boxed{34}", "34") == 1.0  # verifiers started
+    completions = slow_answers(12) + [r"\boxed{34}"]
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="stapo_trl.math.reward"):
+        got = math_reward(completions, ["2"] * 12 + ["34"], verification_timeout=600, time_budget=3)
+    elapsed = time.monotonic() - started
+    assert got[:12] == [-1.0] * 12
+    assert elapsed < 3 + 5  # the budget, and the time to kill what was running
+    assert any("time budget ran out" in message for message in caplog.messages)
+    assert reward(r"\boxed{34}", "34") == 1.0  # the killed verifiers were replaced
+
+
+def test_module_default_budget_applies(monkeypatch):
+    monkeypatch.setattr(rewards, "TIME_BUDGET_SECONDS", 2.0)
+    started = time.monotonic()
+    assert math_reward(slow_answers(4), ["2"] * 4, verification_timeout=600) == [-1.0] * 4
+    assert time.monotonic() - started < 2 + 5
+
+
+def test_bad_budget_is_a_caller_error():
+    for bad in (0, -1, float("nan")):
+        with pytest.raises(ValueError, match="time_budget"):
+            math_reward([r"\boxed{1}"], ["1"], time_budget=bad)
+
+
+def test_one_prompts_answers_are_spread_over_the_verifiers(monkeypatch, fresh_pool, caplog):
+    # Two slow answers to one prompt, 2 s each: judged side by side they both time out within a 5 s budget;
+    # judged one after the other (4 s, plus starting a replacement verifier) the budget would cut the second.
+    monkeypatch.setattr(rewards, "VERIFIER_PROCESSES", 2)
+    assert math_reward([r"\boxed{1}", r"\boxed{2}"], ["1", "2"]) == [1.0, 1.0]  # two verifiers started
+    for verifier in rewards._pool.starting:  # one may have done all the work while the other was starting
+        assert verifier.connection.poll(120)
+    assert math_reward([r"\boxed{1}", r"\boxed{2}"], ["1", "2"]) == [1.0, 1.0]  # ... and is now ready
+    assert len(rewards._pool.idle) == 2
+    with caplog.at_level(logging.WARNING, logger="stapo_trl.math.reward"):
+        got = math_reward(slow_answers(2), ["2", "2"], verification_timeout=2, time_budget=5)
+    assert got == [-1.0, -1.0]
+    assert sum("took over 2 s" in message for message in caplog.messages) == 2
+    assert not any("time budget ran out" in message for message in caplog.messages)
+
+
+def test_a_verifier_runs_under_its_memory_limit(monkeypatch, fresh_pool, caplog):
+    # 2^(2^33) needs a 1 GiB integer: the verifier fails to allocate it, which scores -1 (no timeout involved).
+    monkeypatch.setattr(rewards, "VERIFIER_MEMORY_BYTES", 128 << 20)
+    monkeypatch.setattr(rewards, "VERIFIER_PROCESSES", 1)
+    monkeypatch.setattr(rewards, "_writes_too_large_an_integer", lambda answer: False)  # let the verifier try
+    with caplog.at_level(logging.WARNING, logger="stapo_trl.math.reward"):
+        assert reward(r"\boxed{2^{2^{33}}}", "1", verification_timeout=600, time_budget=600) == -1.0
+    assert not any("took over" in message for message in caplog.messages)
+    (verifier,) = rewards._pool.idle
+    assert verifier_memory_kib(verifier.process.pid)["VmPeak"] <= 128 << 10
+    assert reward(r"\boxed{34}", "34") == 1.0
+
+
+def verifier_memory_kib(pid: int) -> dict[str, int]:
+    with open(f"/proc/{pid}/status") as status:
+        fields = dict(line.split(":", 1) for line in status.read().splitlines())
+    return {name: int(fields[name].split()[0]) for name in ("VmPeak", "VmRSS") if name in fields}
+
+
+# A training process (as far as verifiers are concerned): its verifiers run under a memory limit, and one works on
+# an answer that needs ever more memory (after failing to allocate, it is sent the answer again).
+TRAINER_LIKE_PARENT = r"""
+import sys
+from stapo_trl.math import reward
+reward.VERIFIER_MEMORY_BYTES = int(sys.argv[1])
+reward.VERIFIER_PROCESSES = 1
+reward._writes_too_large_an_integer = lambda answer: False
+reward.math_reward([r"\boxed{1}"], ["1"])
+print(reward._verifier_pool().idle[0].process.pid, flush=True)
+while True:
+    reward.math_reward([r"\boxed{2^{2^{33}}}"], ["1"], verification_timeout=600, time_budget=600)
+"""
+
+
+def is_gone(pid: int) -> bool:
+    """No such process, or only its zombie waiting to be reaped by whoever inherited it."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+def test_verifiers_die_with_a_sigkilled_trainer_and_stay_under_their_memory_limit():
+    limit = 128 << 20
+    parent = subprocess.Popen(
+        [sys.executable, "-c", TRAINER_LIKE_PARENT, str(limit)], stdout=subprocess.PIPE, start_new_session=True
+    )
+    verifier = None
+    try:
+        assert select.select([parent.stdout], [], [], 120)[0], "the parent did not report its verifier"
+        verifier = int(parent.stdout.readline())
+        peak_kib = 0
+        deadline = time.monotonic() + 120
+        while peak_kib < (limit >> 10) * 3 // 4 and time.monotonic() < deadline:  # until it presses on the limit
+            peak_kib = max(peak_kib, verifier_memory_kib(verifier).get("VmPeak", 0))
+            time.sleep(0.1)
+        assert peak_kib >= (limit >> 10) * 3 // 4, "the verifier never worked on the answer"
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(timeout=60)
+        gone_by = time.monotonic() + 30
+        while not is_gone(verifier) and time.monotonic() < gone_by:
+            peak_kib = max(peak_kib, verifier_memory_kib(verifier).get("VmPeak", 0))
+            time.sleep(0.05)
+        assert is_gone(verifier)
+        assert peak_kib <= limit >> 10
+    finally:
+        if parent.poll() is None:
+            os.killpg(parent.pid, signal.SIGKILL)
+        parent.wait()
+        parent.stdout.close()
+        if verifier is not None and not is_gone(verifier):
+            os.kill(verifier, signal.SIGKILL)
+
+
+def test_fork_while_another_thread_is_inside_math_reward():
+    gold, answer = SLOW_TO_VERIFY[0]
+    worker = threading.Thread(
+        target=math_reward, args=([rf"\boxed{{{answer}}}"], [gold]), kwargs={"verification_timeout": 3}
+    )
+    worker.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not rewards._POOL_LOCK.locked() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert rewards._POOL_LOCK.locked()
+        child = os.fork()
+        if child == 0:  # the child judges an answer of its own, then leaves without running the parent's cleanup
+            try:
+                os._exit(0 if math_reward([r"\boxed{34}"], ["34"]) == [1.0] else 1)
+            finally:
+                os._exit(2)
+        deadline = time.monotonic() + 60
+        while (status := os.waitpid(child, os.WNOHANG)) == (0, 0) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if status == (0, 0):
+            os.kill(child, signal.SIGKILL)
+            os.waitpid(child, 0)
+        assert status != (0, 0), "the forked child hung"
+        assert os.waitstatus_to_exitcode(status[1]) == 0
+    finally:
+        worker.join()
+
+
+def test_verifiers_never_import_modules_of_the_working_directory(monkeypatch, fresh_pool, tmp_path):
+    marker = tmp_path / "stray code ran"
+    (tmp_path / "sympy.py").write_text(f"open({str(marker)!r}, 'w').close()\nraise ImportError('stray sympy')\n")
+    monkeypatch.chdir(tmp_path)
+    assert math_reward([r"\boxed{0.5}", r"\boxed{3}"], [r"\frac{1}{2}", "4"]) == [1.0, -1.0]
+    assert not marker.exists()
+
+
+# --- math_reward: multi-part answers, against math-verify's own verdicts -------------------------------------
+
+FAR_APART = " and now that case is settled, we go back to the other case with the same method, which gives"
+
+# (gold, completion): ordered tuples, unordered sets, "and"/"or", \quad, \text{} between boxes, intervals,
+# subsets, and earlier boxes that are not part of the final answer.
+MULTI_PART_CASES = [
+    (r"\boxed{2}, \boxed{3}, \boxed{5}, \boxed{7}, \boxed{13}", r"... \boxed{13}"),
+    (r"\boxed{2}, \boxed{3}, \boxed{5}, \boxed{7}, \boxed{13}", r"\boxed{2, 3, 5, 7, 13}"),
+    (
+        r"\boxed{2}, \boxed{3}, \boxed{5}, \boxed{7}, \boxed{13}",
+        r"\boxed{13}, \boxed{7}, \boxed{5}, \boxed{3}, \boxed{2}",
+    ),
+    (r"\boxed{2}, \boxed{3}, \boxed{5}, \boxed{7}, \boxed{13}", r"\boxed{2}, \boxed{3}, \boxed{5}, \boxed{7}"),
+    (r"\boxed{1} papers and \boxed{2} bins", r"... \boxed{2}"),
+    (r"\boxed{1} papers and \boxed{2} bins", r"\boxed{1} and \boxed{2}"),
+    (r"\boxed{1} papers and \boxed{2} bins", r"\boxed{1} or \boxed{2}"),
+    ("(2, 2), (6, 2)", r"$$\boxed{(2, 2)} \quad \text{and} \quad \boxed{(6, 2)}$$"),
+    ("(2, 2), (6, 2)", r"\boxed{(6, 2)}, \boxed{(2, 2)}"),
+    ("(2, 2), (6, 2)", r"\boxed{(2, 2), (6, 2)}"),
+    ("(2, 2), (6, 2)", r"\boxed{(2, 2)}"),
+    ("(2, 2), (6, 2)", r"\boxed{(2, 6)}, \boxed{(2, 2)}"),
+    ("{1,2,3}", r"\boxed{1},\boxed{2},\boxed{3}"),
+    ("{1,2,3}", r"\boxed{3},\boxed{1},\boxed{2}"),
+    ("{1,2,3}", r"\boxed{\{1, 2, 3\}}"),
+    ("{1,2,3}", r"\boxed{1},\boxed{2}"),
+    ("(3, 4, 5)", r"\boxed{(3, 4, 5)}"),
+    ("(3, 4, 5)", r"\boxed{(5, 4, 3)}"),
+    ("(3, 4, 5)", r"\boxed{3}, \boxed{4}, \boxed{5}"),
+    ("3, 4", r"\boxed{3} \quad \boxed{4}"),
+    ("5, 7", r"\boxed{5}\text{ cm and }\boxed{7}\text{ cm}"),
+    ("5, 7", r"\boxed{5}\text{ cm and }\boxed{8}\text{ cm}"),
+    ("1, -1", r"\boxed{x = 1} \text{ or } \boxed{x = -1}"),
+    ("[1, 2)", r"\boxed{[1, 2)}"),
+    ("[1, 2)", r"\boxed{(1, 2]}"),
+    (r"(-\infty, 0] \cup [1, \infty)", r"\boxed{(-\infty, 0] \cup [1, \infty)}"),
+    (r"(-\infty, 0] \cup [1, \infty)", r"\boxed{(-\infty, 0]} \text{ and } \boxed{[1, \infty)}"),
+    (r"(-\infty, 0] \cup [1, \infty)", r"\boxed{[1, \infty)}"),
+    ("4", rf"first \boxed{{3}},{FAR_APART} \boxed{{4}}"),
+    ("3, 4", rf"first \boxed{{3}},{FAR_APART} \boxed{{4}}"),
+]
+
+
+def math_verify_verdict(gold: str, completion: str) -> bool:
+    """math-verify's own parse + verify, the gold read as math (in $...$) unless it has its own boxes."""
+    from math_verify import parse, verify
+
+    return verify(parse(gold if r"\boxed" in gold else f"${gold}$"), parse(completion))
+
+
+def test_multi_part_answers_agree_with_math_verify():
+    golds, completions = zip(*MULTI_PART_CASES)
+    expected = [1.0 if math_verify_verdict(gold, completion) else -1.0 for gold, completion in MULTI_PART_CASES]
+    assert expected.count(1.0) >= 10 and expected.count(-1.0) >= 10  # the cases test both verdicts
+    got = math_reward(list(completions), list(golds))
+    disagreements = [case for case, mine, theirs in zip(MULTI_PART_CASES, got, expected) if mine != theirs]
+    assert disagreements == []
+
+
+def test_a_subset_of_a_multi_part_answer_is_not_credited_and_a_complete_one_is():
+    # Hand-checked: the gold has several parts, the first two completions give one of them; the last two give all.
+    cases = [
+        (r"\boxed{2}, \boxed{3}, \boxed{5}, \boxed{7}, \boxed{13}", r"... \boxed{13}", -1.0),
+        (r"\boxed{1} papers and \boxed{2} bins", r"... \boxed{2}", -1.0),
+        ("(2, 2), (6, 2)", r"$$\boxed{(2, 2)} \quad \text{and} \quad \boxed{(6, 2)}$$", 1.0),
+        ("{1,2,3}", r"\boxed{1},\boxed{2},\boxed{3}", 1.0),
+    ]
+    golds, completions, expected = zip(*cases)
+    assert math_reward(list(completions), list(golds)) == list(expected)
+
+
 # --- real benchmark golds ---------------------------------------------------------------------------------------
 
 # Golds math-verify finds no expression in (scored None, with a warning), by file: Python code, a subscripted E
@@ -291,7 +637,7 @@ def test_every_benchmark_gold_accepts_itself_and_rejects_a_wrong_number():
             solutions += [gold, gold]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the unparseable golds warn; checked below through their None
-        got = iter(math_reward(completions, solutions))
+        got = iter(math_reward(completions, solutions, time_budget=math.inf))  # a whole benchmark: no call budget
 
     failures, unparseable = {}, {}
     for name, golds in golds_by_file.items():

@@ -1,28 +1,31 @@
 """The math reward of the STAPO paper: DAPO's rule-based outcome reward, checked with math-verify.
 
 The paper trains on DAPO-Math-17K with DAPO's rule-based reward and no overlong shaping: a completion earns
-+1.0 when its final answer is correct and -1.0 otherwise. The final answer is the content of the completion's
-last ``\\boxed{...}`` (the instruction asks the model to "put your final answer within \\boxed{}"); it is
-correct when math-verify finds it mathematically equivalent to the gold answer (``0.5`` = ``\\frac{1}{2}``).
++1.0 when its final answer is correct and -1.0 otherwise. The final answer is what the completion's last
+``\\boxed{...}`` holds (the instruction asks the model to "put your final answer within \\boxed{}"), or, when the
+answer comes in several boxes one right after the other (``\\boxed{2}, \\boxed{3}``), what they hold together, read
+as math-verify reads it (`boxed_answers`). It is correct when math-verify finds it mathematically equivalent to the
+gold answer (``0.5`` = ``\\frac{1}{2}``).
 
-Answers come from a model in training, so judging one must never raise and never hang. Judging happens in
-persistent verifier processes (fresh Python interpreters that run only this file), and the trainer's process
-waits at most `VERIFICATION_TIMEOUT_SECONDS` for each answer: an answer that takes longer scores -1.0 and its
-verifier process is killed and replaced. Unlike math-verify's own timeouts, which rely on ``signal.alarm``
-(main thread only), this works from any thread and in every torch.distributed / accelerate process.
+Answers come from a model in training, so judging them must never raise, never hang and never exhaust the machine.
+Judging happens in persistent verifier processes (fresh, isolated Python interpreters that run only this file,
+under a memory limit, killed if the training process dies; see `stapo_trl.processes`), and the training process
+waits at most `VERIFICATION_TIMEOUT_SECONDS` for each answer and `TIME_BUDGET_SECONDS` for one whole call: an answer
+not judged in time scores -1.0 and the verifier process working on it is killed and replaced. Unlike math-verify's
+own timeouts, which rely on ``signal.alarm`` (main thread only), this works from any thread and in every
+torch.distributed / accelerate process.
 """
 
 import atexit
 import collections
 import functools
 import logging
+import math
 import multiprocessing
 import multiprocessing.connection
 import os
 import re
 import signal
-import subprocess
-import sys
 import threading
 import time
 import warnings
@@ -35,14 +38,31 @@ logger = logging.getLogger(__name__)
 #: ``verification_timeout=`` to `math_reward`.
 VERIFICATION_TIMEOUT_SECONDS = 5.0
 
-#: Verifier processes each training process runs at most; they judge different prompts in parallel.
+#: Seconds one `math_reward` call may take in all; answers not judged by then score -1.0. It bounds the wait of a
+#: training step (and of every other process of a multi-GPU run, which waits for the slowest). Assign a new value
+#: to change it for every later call, or pass ``time_budget=`` to `math_reward`.
+TIME_BUDGET_SECONDS = 60.0
+
+#: Verifier processes each training process runs at most; they judge different answers in parallel.
 VERIFIER_PROCESSES = min(4, os.cpu_count() or 1)
 
-#: Longest answer (characters inside the box) that is parsed; a longer one scores -1.0. Real answers are short,
+#: Address space of one verifier process (``RLIMIT_AS``). An idle verifier takes about 0.1 GiB; an answer that needs
+#: more than the limit fails to allocate and scores -1.0. Applies to verifier processes started after a change.
+VERIFIER_MEMORY_BYTES = 2 << 30
+
+#: Longest answer (characters inside its boxes) that is parsed; a longer one scores -1.0. Real answers are short,
 #: and parsing a long stretch of garbage only burns time.
 MAX_ANSWER_CHARS = 1_000
 
+#: Largest integer, in decimal digits, that an answer may write as a power or factorial of integers
+#: (``9^{9^{9}}``, ``10^{100000}``, ``5000!``); a larger one scores -1.0 without being parsed, since evaluating it
+#: could take sympy minutes and gigabytes.
+MAX_ANSWER_DIGITS = 10_000
+
 _BOX_OPENING = re.compile(r"\\(?:boxed|fbox)\s*\{")
+# Between two boxes of one answer, following math-verify (latex2sympy2_extended.extract_boxed_content): under 10
+# characters of anything, or under 70 with one of these separators ("\boxed{1} papers and \boxed{2} bins").
+_PART_SEPARATOR = re.compile(r"\b(?:and|or)\b|,|;")
 
 # A verifier process imports math-verify (sympy, ANTLR) before it says it is ready; a loaded machine is slow.
 _STARTUP_TIMEOUT_SECONDS = 120.0
@@ -51,7 +71,13 @@ _READY = "ready"
 _VERIFIER_PROGRAM = "import runpy, sys; runpy.run_path(sys.argv[1])['_serve_verifier'](int(sys.argv[2]))"
 
 
-def math_reward(completions, solution, verification_timeout: float | None = None, **kwargs) -> list[float | None]:
+def math_reward(
+    completions,
+    solution,
+    verification_timeout: float | None = None,
+    time_budget: float | None = None,
+    **kwargs,
+) -> list[float | None]:
     """DAPO's rule-based reward, as used by STAPO: +1.0 for a correct final ``\\boxed{}`` answer, -1.0 otherwise.
 
     A TRL reward function: ``GRPOTrainer`` calls it with ``prompts``, ``completions``, ``completion_ids``,
@@ -62,38 +88,57 @@ def math_reward(completions, solution, verification_timeout: float | None = None
         completions: Plain-text completions (``list[str]``) or conversational ones (a list of messages each);
             for the latter the content of the last assistant message is judged.
         solution: The gold answers, one per completion: ``"34"``, ``"\\frac{1}{2}"``, ``"(3,4)"``; a gold that
-            contains a ``\\boxed{...}`` (as AIME24's do, or a worked solution) is represented by its last box.
+            contains boxes (as AIME24's do, or a worked solution) is represented by its final boxed answer
+            (`gold_answer`).
         verification_timeout: Seconds allowed to judge one distinct answer of one prompt, and to parse one gold
             answer; an answer that takes longer scores -1.0, a gold that takes longer counts as unparseable.
             Defaults to `VERIFICATION_TIMEOUT_SECONDS` (5 s). The calling process enforces it by killing the
             verifier process, so it holds on any thread, in any process, whatever sympy is doing.
+        time_budget: Seconds this call may take in all, starting verifier processes included; answers not judged
+            by then score -1.0 (and a warning is logged). Defaults to `TIME_BUDGET_SECONDS` (60 s), meant for a
+            training batch; grading a whole benchmark in one call wants ``math.inf``, then only each answer is
+            bounded.
 
     Returns:
-        One reward per completion: 1.0 when math-verify finds the last ``\\boxed{}`` / ``\\fbox{}`` answer
-        equivalent to the gold; -1.0 when there is no such box, its braces are unbalanced, the answer is longer
-        than `MAX_ANSWER_CHARS`, cannot be parsed, is wrong, or takes too long to judge; ``None`` (left out by
-        TRL) when the gold answer itself cannot be parsed, which is also reported with a warning naming the row.
+        One reward per completion: 1.0 when math-verify finds the final boxed answer (`boxed_answers`) equivalent
+        to the gold; -1.0 when there is no such box, its braces are unbalanced, the answer is longer than
+        `MAX_ANSWER_CHARS` or writes an integer of over `MAX_ANSWER_DIGITS` digits, cannot be parsed, is wrong, or
+        is not judged in time; ``None`` (left out by TRL) when the gold answer itself cannot be parsed, which is
+        also reported with a warning naming the row.
     """
     timeout = VERIFICATION_TIMEOUT_SECONDS if verification_timeout is None else float(verification_timeout)
-    if timeout <= 0:
-        raise ValueError(f"verification_timeout must be positive, got {timeout}")
+    budget = TIME_BUDGET_SECONDS if time_budget is None else float(time_budget)
+    if not timeout > 0:
+        raise ValueError(f"verification_timeout must be a positive number of seconds, got {verification_timeout}")
+    if not budget > 0:
+        raise ValueError(f"time_budget must be a positive number of seconds, got {time_budget}")
+    deadline = time.monotonic() + budget
     answers = [extract_boxed_answer(_completion_text(completion)) for completion in completions]
-    golds = [_gold_latex(gold) for gold in solution]
+    golds = [gold_answer(gold) for gold in solution]
     if len(answers) != len(golds):
         raise ValueError(f"{len(answers)} completions but {len(golds)} solutions")
 
-    # One job per distinct gold, holding its distinct answers: the G completions of a prompt share their gold,
-    # which is then parsed once, and often their answer.
-    answers_by_gold = collections.defaultdict(dict)
+    # The G completions of a prompt share their gold, which is then parsed once, and often their answer.
+    answers_by_gold = {gold: {} for gold in golds}
     for gold, answer in zip(golds, answers):
-        answers_by_gold[gold][answer] = None
-    jobs = [(gold, list(distinct_answers)) for gold, distinct_answers in answers_by_gold.items()]
+        if answer is not None and answer not in answers_by_gold[gold] and _writes_too_large_an_integer(answer):
+            logger.warning(
+                "math_reward: answer %.200r writes an integer of over %d digits: scored -1", answer, MAX_ANSWER_DIGITS
+            )
+            answer = None
+        if answer is not None:
+            answers_by_gold[gold][answer] = None
     with _POOL_LOCK:
-        correct_pairs, unparseable_golds = _verifier_pool().judge(jobs, timeout, VERIFIER_PROCESSES)
+        gold_parses, correct_pairs = _verifier_pool().judge(
+            {gold: list(distinct_answers) for gold, distinct_answers in answers_by_gold.items()},
+            timeout,
+            deadline,
+            VERIFIER_PROCESSES,
+        )
 
     rewards = []
     for row, (gold, answer, raw_gold) in enumerate(zip(golds, answers, solution)):
-        if gold in unparseable_golds:
+        if gold_parses.get(gold) is False:
             warnings.warn(
                 f"math_reward: row {row}: math-verify cannot parse the gold answer {raw_gold!r} into an expression "
                 f"(within {timeout:g} s); the row is scored None.",
@@ -105,23 +150,64 @@ def math_reward(completions, solution, verification_timeout: float | None = None
     return rewards
 
 
-def extract_boxed_answer(text: str) -> str | None:
-    """Return the content of the last ``\\boxed{...}`` (or ``\\boxed {...}``, ``\\fbox{...}``) in `text`, stripped.
+def boxed_answers(text: str) -> list[str]:
+    """The parts of the final boxed answer of `text`, in order: the content of its last ``\\boxed{...}`` (or
+    ``\\boxed {...}``, ``\\fbox{...}``), stripped, preceded by that of each box right before it, as math-verify
+    groups boxes.
 
-    Braces are matched by a scan that skips escaped characters (``\\{``, ``\\}``), so nested groups such as
-    ``\\boxed{\\frac{1}{2}}`` come out whole. Returns ``None`` when there is no box, when the last box's braces do
-    not close within `MAX_ANSWER_CHARS` characters, or when it is empty. "Last" means the last box to open: in
-    ``\\boxed{\\boxed{5}}`` it is the inner one.
+    A box belongs to the answer when the text between it and the next box is under 10 characters, or under 70 and
+    holds a separator ("and", "or", ",", ";") and the two contents differ; a repeated content counts once.
+    ``\\boxed{1}, \\boxed{2}`` is the two-part answer ``["1", "2"]``; in ``\\boxed{3} ... (a paragraph) ...
+    \\boxed{4}`` only the final ``["4"]`` counts. Braces are matched by a scan that skips escaped characters
+    (``\\{``, ``\\}``), so nested groups such as ``\\boxed{\\frac{1}{2}}`` come out whole; in
+    ``\\boxed{\\boxed{5}}`` the answer is the inner box. Returns ``[]`` when there is no box, when the last box's
+    braces do not close, when it is empty, or when the parts hold over `MAX_ANSWER_CHARS` characters together.
     """
-    last_opening = None
-    for last_opening in _BOX_OPENING.finditer(text):
-        pass
-    if last_opening is None:
-        return None
-    opening_brace = last_opening.end() - 1
+    parts: list[str] = []
+    next_box_start = len(text)
+    for opening in reversed(list(_BOX_OPENING.finditer(text))):
+        brace = opening.end() - 1
+        closing = _closing_brace(text, brace, min(next_box_start, brace + MAX_ANSWER_CHARS + 2))
+        content = None if closing is None else text[brace + 1 : closing].strip()
+        if not parts:
+            if not content:
+                return []
+        else:
+            between = "" if closing is None else text[closing + 1 : next_box_start]
+            joined = len(between) < 10 or (
+                content != parts[-1] and len(between) < 70 and _PART_SEPARATOR.search(between) is not None
+            )
+            if not content or not joined:
+                break
+        if not parts or content != parts[-1]:
+            parts.append(content)
+        if sum(map(len, parts)) > MAX_ANSWER_CHARS:
+            return []
+        next_box_start = opening.start()
+    return parts[::-1]
+
+
+def extract_boxed_answer(text: str) -> str | None:
+    """The final boxed answer of `text` as one LaTeX string: its `boxed_answers` joined by ``", "`` (math-verify
+    reads a list of several parts as a set), or ``None`` when there is none.
+
+    ``\\boxed{34}`` gives ``"34"``; ``\\boxed{2}, \\boxed{3}`` gives ``"2, 3"``; ``\\boxed{34`` gives ``None``.
+    """
+    return ", ".join(boxed_answers(text)) or None
+
+
+def gold_answer(gold) -> str:
+    """The gold answer of a dataset row as the LaTeX `math_reward` judges against: the final boxed answer
+    (`extract_boxed_answer`) of a gold that has one (AIME24's ``\\boxed{204}``, a worked solution, several parts
+    ``\\boxed{1} and \\boxed{2}``), else the whole text, stripped (``""`` for ``None``)."""
+    text = "" if gold is None else str(gold).strip()
+    return extract_boxed_answer(text) or text
+
+
+def _closing_brace(text: str, opening_brace: int, scan_end: int) -> int | None:
+    """Position of the brace closing the group opened at `opening_brace`, looking before `scan_end` only."""
     depth = 0
     position = opening_brace
-    scan_end = min(len(text), opening_brace + MAX_ANSWER_CHARS + 2)
     while position < scan_end:
         character = text[position]
         if character == "\\":
@@ -132,7 +218,7 @@ def extract_boxed_answer(text: str) -> str | None:
         elif character == "}":
             depth -= 1
             if depth == 0:
-                return text[opening_brace + 1 : position].strip() or None
+                return position
         position += 1
     return None
 
@@ -150,11 +236,63 @@ def _completion_text(completion) -> str:
     return ""
 
 
-def _gold_latex(gold) -> str:
-    """The gold answer as LaTeX to parse: its last box's content when it has one, else the whole text."""
-    text = "" if gold is None else str(gold).strip()
-    boxed = extract_boxed_answer(text)
-    return text if boxed is None else boxed
+# ---------------------------------------------------------------------------------------------------------------
+# The cheap refusal of answers that cannot be judged quickly, before any verifier process sees them.
+# ---------------------------------------------------------------------------------------------------------------
+
+_INTEGER = re.compile(r"\d+")
+# An integer, maybe as the last thing in brackets: "9", "(9)", "{9}", "\left(9\right)".
+_LAST_INTEGER = r"(\d+)\s*(?:\\right\)|[)}])?\s*"
+_INTEGER_BEFORE = re.compile(_LAST_INTEGER + "$")
+_FACTORIAL = re.compile(_LAST_INTEGER + "!")
+_CARET = re.compile(r"\^\s*")
+
+
+def _writes_too_large_an_integer(answer: str) -> bool:
+    """Whether `answer` writes a power of an integer (``a^{b}``, ``a^b``, towers ``a^{b^{c}}`` included) or a
+    factorial (``n!``) with over `MAX_ANSWER_DIGITS` decimal digits. A rough, cheap scan: a base or factorial is the
+    integer right before ``^`` or ``!``, also when it ends a bracket (``(5000)!``, but also ``(x+2)^{10^5}``); other
+    powers are left to the verifier and its timeout."""
+    for factorial in _FACTORIAL.finditer(answer):
+        if _factorial_digits(int(factorial.group(1))) > MAX_ANSWER_DIGITS:
+            return True
+    for caret in _CARET.finditer(answer):
+        base = _INTEGER_BEFORE.search(answer, 0, caret.start())
+        if base is None or int(base.group(1)) < 2:
+            continue
+        exponent = _log10_of_integer(_exponent_text(answer, caret.end()))
+        if exponent is not None and math.log10(int(base.group(1))) * 10.0 ** min(exponent, 300.0) > MAX_ANSWER_DIGITS:
+            return True
+    return False
+
+
+def _exponent_text(answer: str, start: int) -> str:
+    """The exponent starting at `start` (just after ``^``): a brace group's content, else one character."""
+    if answer.startswith("{", start):
+        closing = _closing_brace(answer, start, len(answer))
+        return answer[start + 1 : closing] if closing is not None else ""
+    return answer[start : start + 1]
+
+
+@functools.lru_cache(maxsize=1024)  # a tower's exponents are met again as the exponents of its inner powers
+def _log10_of_integer(latex: str) -> float | None:
+    """log10 of the integer `latex` writes as a literal, a power of literals or a factorial; ``None`` otherwise."""
+    latex = latex.strip()
+    if _INTEGER.fullmatch(latex):
+        return math.log10(max(1, int(latex)))
+    if factorial := re.fullmatch(r"(\d+)\s*!", latex):
+        return _factorial_digits(int(factorial.group(1)))
+    if power := re.fullmatch(r"(\d+)\s*\^\s*(\{.*\}|\d)", latex, flags=re.DOTALL):
+        base, exponent_text = int(power.group(1)), power.group(2).removeprefix("{").removesuffix("}")
+        exponent = _log10_of_integer(exponent_text)
+        if exponent is None:
+            return None
+        return math.log10(max(1, base)) * 10.0 ** min(exponent, 300.0)
+    return None
+
+
+def _factorial_digits(n: int) -> float:
+    return math.lgamma(min(n, 10**12) + 1) / math.log(10)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -165,49 +303,57 @@ def _gold_latex(gold) -> str:
 class _VerifierProcess:
     """One persistent verifier: a fresh Python interpreter running `_serve_verifier`, reached over a socket pair.
 
-    A fresh interpreter (``subprocess`` running this file by path) rather than ``multiprocessing``: the 'spawn' and
-    'forkserver' start methods re-import the training script in the child, and importing this module by name
-    imports the ``stapo_trl`` package with torch and TRL; 'fork' would copy CUDA and NCCL state. This child
-    imports math-verify only and inherits nothing from the trainer but its environment variables.
+    A fresh interpreter (this file run by path, ``python -I`` in the root directory, so no module of the working
+    directory can be imported) rather than ``multiprocessing``: the 'spawn' and 'forkserver' start methods re-import
+    the training script in the child, and importing this module by name imports the ``stapo_trl`` package; 'fork'
+    would copy CUDA and NCCL state. This child imports math-verify only, runs under `VERIFIER_MEMORY_BYTES`, dies
+    with the training process, and inherits nothing from it but its environment variables.
     """
 
     def __init__(self):
+        from stapo_trl import processes  # here, not at the top: a verifier process runs this file outside the package
+
         self.connection, child_end = multiprocessing.Pipe()
-        self.process = subprocess.Popen(
-            [sys.executable, "-c", _VERIFIER_PROGRAM, os.path.abspath(__file__), str(child_end.fileno())],
+        self.process = processes.popen(
+            processes.python_command("-c", _VERIFIER_PROGRAM, os.path.abspath(__file__), str(child_end.fileno())),
+            limits=processes.Limits(memory_bytes=VERIFIER_MEMORY_BYTES),
             pass_fds=[child_end.fileno()],
-            stdin=subprocess.DEVNULL,
         )
         child_end.close()
+        self.ready_by: float | None = time.monotonic() + _STARTUP_TIMEOUT_SECONDS  # None once it said it is ready
 
-    def wait_until_ready(self) -> None:
+    def take_ready_message(self) -> None:
+        """Read its first message, which says it is ready; if it died or lied, the installation is broken."""
         try:
-            ready = self.connection.poll(_STARTUP_TIMEOUT_SECONDS) and self.connection.recv() == _READY
+            ready = self.connection.recv() == _READY
         except (EOFError, OSError):
             ready = False
         if not ready:
-            self.kill()
-            raise RuntimeError(
-                "math_reward: a math-verify verifier process did not start (is math-verify installed for "
-                f"{sys.executable}?); its error output, if any, is above."
-            )
+            self.fail_to_start()
+        self.ready_by = None
+
+    def fail_to_start(self):
+        self.kill()
+        raise RuntimeError(
+            "math_reward: a math-verify verifier process did not start (is math-verify installed for this Python? "
+            f"does it fit in VERIFIER_MEMORY_BYTES = {VERIFIER_MEMORY_BYTES}?); its error output, if any, is above."
+        )
 
     def is_alive(self) -> bool:
         return self.process.poll() is None
 
     def kill(self) -> None:
-        self.process.kill()
-        self.process.wait()
+        from stapo_trl import processes
+
+        processes.kill_group(self.process)
         self.connection.close()
 
 
 @dataclass
-class _RunningJob:
+class _Job:
     gold: str
-    answers: list
+    answer: str | None  # None: parse the gold only
     deadline: float
-    gold_parsed: bool = False
-    answers_judged: int = 0
 
 
 class _VerifierPool:
@@ -216,63 +362,65 @@ class _VerifierPool:
     def __init__(self):
         self.owner_pid = os.getpid()
         self.idle: list[_VerifierProcess] = []
+        self.starting: list[_VerifierProcess] = []
 
-    def judge(self, jobs: list[tuple[str, list]], timeout: float, max_processes: int):
-        """Judge ``(gold, answers)`` jobs; return the correct ``(gold, answer)`` pairs and the unparseable golds.
+    def judge(self, answers_by_gold: dict[str, list[str]], timeout: float, deadline: float, max_processes: int):
+        """Parse each gold, then judge its answers; return ``{gold: parses}`` and the correct ``(gold, answer)`` pairs.
 
-        A job goes to an idle verifier, which replies whether the gold parses, then whether each answer is correct.
-        Each reply must come within `timeout` of the previous one; a verifier that misses its deadline, or dies,
-        is killed, its current answer counts as wrong (or its gold as unparseable), and the job's remaining
-        answers go back to the queue.
+        Each gold, then each ``(gold, answer)`` pair of a gold that parses, is one job, so that one prompt's answers
+        are spread over the verifiers. A job must be done within `timeout`, all of them by `deadline` (a monotonic
+        time); a verifier that misses either, or dies, is killed, and its answer counts as wrong (its gold as
+        unparseable). Golds not parsed by `deadline` are left out of the returned dict.
         """
-        max_processes = max(1, max_processes)
-        queue = collections.deque(jobs)
-        running: dict[_VerifierProcess, _RunningJob] = {}
-        correct_pairs: set[tuple[str, str | None]] = set()
-        unparseable_golds: set[str] = set()
+        queue = collections.deque((gold, None) for gold in answers_by_gold)
+        running: dict[_VerifierProcess, _Job] = {}
+        gold_parses: dict[str, bool] = {}
+        correct_pairs: set[tuple[str, str]] = set()
 
-        def record(verifier: _VerifierProcess, job: _RunningJob, reply: bool) -> None:
-            job.deadline = time.monotonic() + timeout
-            if not job.gold_parsed:
-                job.gold_parsed = reply
-                if not reply:
-                    unparseable_golds.add(job.gold)
-            else:
-                if reply:
-                    correct_pairs.add((job.gold, job.answers[job.answers_judged]))
-                job.answers_judged += 1
-            if not job.gold_parsed or job.answers_judged == len(job.answers):
-                del running[verifier]
-                self.idle.append(verifier)
-
-        def give_up(verifier: _VerifierProcess, job: _RunningJob, what_happened: str) -> None:
-            verifier.kill()
+        def record(verifier: _VerifierProcess, job: _Job, reply: bool) -> None:
             del running[verifier]
-            if not job.gold_parsed:
-                unparseable_golds.add(job.gold)
+            self.idle.append(verifier)
+            if job.answer is None:
+                gold_parses[job.gold] = reply
+                if reply:
+                    queue.extend((job.gold, answer) for answer in answers_by_gold[job.gold])
+            elif reply:
+                correct_pairs.add((job.gold, job.answer))
+
+        def give_up(verifier: _VerifierProcess, job: _Job, what_happened: str) -> None:
+            del running[verifier]
+            verifier.kill()
+            if job.answer is None:
+                gold_parses[job.gold] = False
                 logger.warning("math_reward: parsing gold %.200r %s: unparseable", job.gold, what_happened)
-                return
-            answer = job.answers[job.answers_judged]
-            logger.warning("math_reward: judging answer %.200r %s: scored -1", answer, what_happened)
-            remaining_answers = job.answers[job.answers_judged + 1 :]
-            if remaining_answers:
-                queue.appendleft((job.gold, remaining_answers))
+            else:
+                logger.warning("math_reward: judging answer %.200r %s: scored -1", job.answer, what_happened)
 
         try:
-            while queue or running:
-                self._provide_idle(min(max_processes, len(running) + len(queue)) - len(running))
-                while queue and len(running) < max_processes:
-                    verifier, (gold, answers) = self.idle.pop(), queue.popleft()
-                    running[verifier] = _RunningJob(gold, answers, deadline=time.monotonic() + timeout)
+            while (queue or running) and time.monotonic() < deadline:
+                self._start_verifiers(min(max_processes, len(running) + len(queue)) - len(running))
+                while queue and self.idle:
+                    verifier, (gold, answer) = self.idle.pop(), queue.popleft()
+                    running[verifier] = _Job(gold, answer, min(deadline, time.monotonic() + timeout))
                     try:
-                        verifier.connection.send((gold, answers))
+                        verifier.connection.send((gold, answer))
                     except OSError:
                         pass  # it has just died: the wait below sees the end of its pipe and gives up on it
 
-                seconds_to_earliest_deadline = min(job.deadline for job in running.values()) - time.monotonic()
+                waiting_for = list(running) + self.starting
+                earliest = min([job.deadline for job in running.values()] + [v.ready_by for v in self.starting])
                 ready = multiprocessing.connection.wait(
-                    [verifier.connection for verifier in running], timeout=max(0.0, seconds_to_earliest_deadline)
+                    [verifier.connection for verifier in waiting_for],
+                    timeout=max(0.0, min(earliest, deadline) - time.monotonic()),
                 )
+                for verifier in list(self.starting):
+                    if verifier.connection in ready:
+                        self.starting.remove(verifier)
+                        verifier.take_ready_message()
+                        self.idle.append(verifier)
+                    elif time.monotonic() >= verifier.ready_by:
+                        self.starting.remove(verifier)
+                        verifier.fail_to_start()
                 for verifier, job in list(running.items()):
                     if verifier.connection in ready:
                         try:
@@ -283,29 +431,35 @@ class _VerifierPool:
                         record(verifier, job, reply)
                     elif time.monotonic() >= job.deadline:
                         give_up(verifier, job, f"took over {timeout:g} s")
-        except BaseException:
-            # Interrupted (Ctrl-C, ...): the running verifiers have replies in flight, so they cannot be reused.
+        finally:
+            # At the deadline, or interrupted (Ctrl-C, ...): the running verifiers have replies in flight, so they
+            # cannot be reused; the starting ones can, and are kept.
             for verifier in running:
                 verifier.kill()
-            raise
-        return correct_pairs, unparseable_golds
+        unjudged = len(queue) + len(running)
+        if unjudged:
+            logger.warning(
+                "math_reward: the call's time budget ran out with %d of its golds and answers not judged: their "
+                "completions score -1",
+                unjudged,
+            )
+        return gold_parses, correct_pairs
 
-    def _provide_idle(self, wanted: int) -> None:
-        """Make `wanted` idle verifiers available, dropping dead ones and starting new ones in parallel."""
+    def _start_verifiers(self, wanted: int) -> None:
+        """Have `wanted` verifiers idle or starting, dropping dead idle ones and starting new ones (in parallel)."""
         for verifier in [verifier for verifier in self.idle if not verifier.is_alive()]:
             verifier.kill()
             self.idle.remove(verifier)
-        new_verifiers = [_VerifierProcess() for _ in range(wanted - len(self.idle))]
-        for verifier in new_verifiers:
-            verifier.wait_until_ready()
-        self.idle.extend(new_verifiers)
+        for _ in range(wanted - len(self.idle) - len(self.starting)):
+            self.starting.append(_VerifierProcess())
 
     def close(self) -> None:
         # A forked child (a DataLoader worker, say) inherits this pool but must not kill its parent's verifiers.
         if os.getpid() == self.owner_pid:
-            for verifier in self.idle:
+            for verifier in self.idle + self.starting:
                 verifier.kill()
             self.idle.clear()
+            self.starting.clear()
 
 
 _POOL_LOCK = threading.Lock()
@@ -321,14 +475,24 @@ def _verifier_pool() -> _VerifierPool:
     return _pool
 
 
+def _reset_after_fork() -> None:
+    """In a forked child: a new pool lock, since another thread of the parent may have held it (inside
+    `math_reward`) at the fork, and that thread does not exist in the child to release it."""
+    global _POOL_LOCK
+    _POOL_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The verifier's side: runs in the verifier process only.
 # ---------------------------------------------------------------------------------------------------------------
 
 
 def _serve_verifier(connection_fd: int) -> None:
-    """Judge ``(gold, answers)`` jobs until the calling process hangs up: reply whether the gold parses, then
-    whether each answer is equivalent to it (``None``, no boxed answer, is not)."""
+    """Do ``(gold, answer)`` jobs until the calling process hangs up: with no answer, reply whether the gold parses;
+    with one, whether it is equivalent to the gold."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the trainer, which then kills us or hangs up
     # math-verify warns that its own (signal-based) timeouts are off: the calling process enforces ours.
     logging.getLogger("math_verify").setLevel(logging.ERROR)
@@ -338,12 +502,12 @@ def _serve_verifier(connection_fd: int) -> None:
     connection.send(_READY)
     try:
         while True:
-            gold, answers = connection.recv()
+            gold, answer = connection.recv()
             parsed_gold = _parse_gold(gold)
-            connection.send(parsed_gold is not None)
-            if parsed_gold is not None:
-                for answer in answers:
-                    connection.send(answer is not None and _is_equivalent(parsed_gold, answer))
+            if answer is None:
+                connection.send(parsed_gold is not None)
+            else:
+                connection.send(parsed_gold is not None and _is_equivalent(parsed_gold, answer))
     except (EOFError, OSError):  # the calling process hung up, or died
         return
 
