@@ -21,6 +21,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+
 #: Output `run` keeps of each of stdout and stderr by default; a child writing more is killed.
 MAX_OUTPUT_BYTES = 1 << 20
 
@@ -160,8 +161,8 @@ def run(
     exceeds `max_output_bytes` (what was captured up to the cap is kept), and when the command exits (ending
     whatever it left running in its group). Output is read as it comes, so memory stays within the cap.
     """
-    if timeout <= 0:
-        raise ValueError(f"timeout must be positive, got {timeout}")
+    if not timeout > 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout}")
     deadline = time.monotonic() + timeout
     process = popen(
         argv,
@@ -190,9 +191,10 @@ def run(
             else:
                 process.stdin.close()
             while not exited or any(fd in selector.get_map() for fd in outputs):
-                events = selector.select(timeout=deadline - time.monotonic())
-                if not events and time.monotonic() >= deadline:
+                seconds_left = deadline - time.monotonic()
+                if seconds_left <= 0:
                     break
+                events = selector.select(timeout=seconds_left)
                 for key, _ in events:
                     if key.fd == exit_notice:
                         exited = True

@@ -3,6 +3,7 @@ against math-verify's own verdicts, robustness, time and memory bounds, verifier
 
 import os
 
+
 os.environ["HF_HUB_OFFLINE"] = "1"
 
 import logging  # noqa: E402
@@ -28,6 +29,7 @@ from stapo_trl.math.reward import (  # noqa: E402
     gold_answer,
     math_reward,
 )
+
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MATH_EVAL_DIR = REPO_ROOT / ".." / "shared" / "data" / "math_eval"  # the six benchmarks' veRL parquet files

@@ -19,6 +19,7 @@ from stapo_trl.processes import (
     scrubbed_env,
 )
 
+
 # Prints the pid of a grandchild (in the same group) that sleeps, then sleeps itself.
 SPAWN_GRANDCHILD = (
     "import subprocess, sys, time\n"
@@ -195,7 +196,9 @@ def test_isolated_start_ignores_modules_in_the_working_directory(tmp_path):
     (tmp_path / "stray_module.py").write_text("print('stray code ran')")
     importing = "import stray_module"
     # The reference: a plain interpreter started in that directory imports it.
-    plain = subprocess.run([sys.executable, "-c", importing], check=False, cwd=tmp_path, capture_output=True, timeout=60)
+    plain = subprocess.run(
+        [sys.executable, "-c", importing], check=False, cwd=tmp_path, capture_output=True, timeout=60
+    )
     assert plain.stdout == b"stray code ran\n"
     for cwd in (tmp_path, None):
         got = run(python_command("-c", importing), timeout=30, cwd=cwd)
@@ -212,3 +215,17 @@ def test_default_directory_and_scrubbed_environment(monkeypatch, tmp_path):
     ]
     got = run(python_command("-c", show), timeout=30, env=scrubbed_env(EXTRA="1"))
     assert got.stdout.split() == [b"/", b"None"]
+
+
+def test_a_slow_steady_writer_is_stopped_at_the_deadline():
+    drip = "import sys, time\nwhile True:\n    sys.stdout.write('x'); sys.stdout.flush(); time.sleep(0.001)"
+    started = time.monotonic()
+    got = run(python_command("-c", drip), timeout=2)
+    assert got.timed_out and not got.output_truncated and got.stdout
+    assert time.monotonic() - started < 2 + 10
+
+
+def test_bad_timeout_is_a_caller_error():
+    for bad in (0, -1, float("nan")):
+        with pytest.raises(ValueError, match="timeout"):
+            run(["true"], timeout=bad)

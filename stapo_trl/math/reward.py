@@ -31,6 +31,7 @@ import time
 import warnings
 from dataclasses import dataclass
 
+
 logger = logging.getLogger(__name__)
 
 #: Seconds the judging of one answer (parsing it and comparing it with the gold) may take before it scores -1.0;
