@@ -86,6 +86,21 @@ class STAPOTrainer(GRPOTrainer):
         if args is None:
             model_name = model if isinstance(model, str) else get_config_model_id(model.config)
             args = STAPOConfig(f"{model_name.split('/')[-1]}-STAPO")
+        # FSDP1 + vLLM: TRL's weight sync walks the model as it was before FSDP wrapping, where the parameters of
+        # the root FSDP unit (embeddings, final norm, output layer) are not inside any FSDP module, so vLLM would keep
+        # their initial values, silently. The FSDP version comes from the config's fsdp_config, else from accelerate.
+        import os
+
+        fsdp_version = (args.fsdp_plugin_args or {}).get("fsdp_version")
+        if fsdp_version is None and os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true":
+            fsdp_version = int(os.environ.get("FSDP_VERSION", "1"))  # accelerate's default version is 1
+        if args.use_vllm and fsdp_version == 1:
+            raise ValueError(
+                "use_vllm=True does not work with FSDP1 (fsdp_version: 1): TRL's weight sync would never send vLLM "
+                "the parameters of the root FSDP unit (embeddings, final norm, output layer), so generation would "
+                "keep their initial values. Use FSDP2 (fsdp_version: 2, e.g. examples/accelerate_configs/fsdp2.yaml), "
+                "DeepSpeed ZeRO-3, or use_vllm=False."
+            )
         super().__init__(model, reward_funcs, args, *other_args, **kwargs)
         self._random_mask_generator = None
         self._captured_forwards = None  # (log-probs, entropies) of TRL's no-grad forwards during a generation
@@ -121,9 +136,9 @@ class STAPOTrainer(GRPOTrainer):
         """
         args = self.args
         pooled = isinstance(per_token_logps, list)
-        if not pooled:
-            inputs, per_token_logps, entropies, advantages, mask = ([x] for x in (inputs, per_token_logps, entropies,
-                                                                                   advantages, mask))  # fmt: skip
+        if not pooled:  # one micro-batch: a pool of one
+            inputs, per_token_logps, entropies = [inputs], [per_token_logps], [entropies]
+            advantages, mask = [advantages], [mask]
         timer = _Timer(per_token_logps[0].device)
         if args.spurious_mask_mode == "random" and self._random_mask_generator is None:
             self._random_mask_generator = torch.Generator(device=per_token_logps[0].device)
@@ -143,12 +158,12 @@ class STAPOTrainer(GRPOTrainer):
         )
         timer.stop()
         # Entropy quantiles of the pool's loss tokens, over the values of every process (not a mean of quantiles).
-        loss_entropies = torch.cat([e.detach()[m.bool()].float() for e, m in zip(entropies, mask, strict=True)])
+        values = torch.cat([e.detach().reshape(-1).float() for e in entropies])
+        valid = torch.cat([m.reshape(-1).bool() for m in mask])
         if multi_process:
-            loss_entropies = self._gather_candidate_entropies(loss_entropies)
-        quantiles = masked_quantile(
-            loss_entropies, torch.ones_like(loss_entropies, dtype=torch.bool), list(ENTROPY_QUANTILES.values())
-        )
+            values = self._gather_candidate_entropies(values[valid])
+            valid = torch.ones_like(values, dtype=torch.bool)
+        quantiles = masked_quantile(values, valid, list(ENTROPY_QUANTILES.values()))
         counts = torch.stack(
             [sum(m.sum() for m in mask), sum(c.sum() for c in candidates), sum(s.sum() for s in silenced)]
         )
