@@ -13,7 +13,9 @@ other:
   `--starts`); "per test": the extra wall time of each further input, from a 1-input and a 21-input job
   (median of the differences / 20);
 - "judging": `code_reward` on all completions with `JUDGE_WORKERS` threads (default: the CPU cores), the
-  wall time of the whole call, and completions per second.
+  wall time of the whole call, completions per second, and the CPU time it used in all processes ("CPU s": on a
+  busy machine the wall time mostly measures the other load; CPU s / cores is the wall time the same work needs on
+  idle cores when, as here, it keeps them all busy).
 
 Settings: the default sandbox (namespaces, where the kernel allows them), the sandbox with `isolate=False`
 (limits and the process-group kill only), and the default sandbox started from a process holding `--ballast-gb`
@@ -23,6 +25,7 @@ of resident memory, as a trainer does: each sandbox start forks the calling proc
 import argparse
 import json
 import os
+import resource
 import statistics
 import sys
 import time
@@ -47,6 +50,12 @@ def tests(count: int) -> str:
     return json.dumps({"inputs": [f"{a} {b}\n" for a, b in pairs], "outputs": [f"{a + b}\n" for a, b in pairs]})
 
 
+def cpu_seconds() -> float:
+    """User + system CPU time of this process and of its ended children (the sandboxes, reaped when they end)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 def wall(function) -> float:
     start = time.perf_counter()
     function()
@@ -62,9 +71,9 @@ def measure(executor: LocalSandbox, completions: int, tests_each: int, starts: i
         per_test.append((many - one) / 20)
     batch = [f"```python\n# completion {index}\n{PROGRAM}```" for index in range(completions)]
     batch_tests = [tests(tests_each)] * completions
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), cpu_seconds()
     rewards = code_reward(batch, batch_tests, executor=executor)
-    seconds = time.perf_counter() - started
+    seconds, cpu = time.perf_counter() - started, cpu_seconds() - cpu_started
     if rewards != [1.0] * completions:
         raise SystemExit(f"expected every completion to pass, got {sorted(set(map(str, rewards)))}")
     return {
@@ -72,6 +81,7 @@ def measure(executor: LocalSandbox, completions: int, tests_each: int, starts: i
         "per test ms": 1000 * statistics.median(per_test),
         "seconds": seconds,
         "completions/s": completions / seconds,
+        "CPU s": cpu,
     }
 
 
@@ -103,7 +113,8 @@ def main() -> None:
     )
     del ballast
 
-    header = ["setting", "start ms", "per test ms", "completions", "tests each", "threads", "seconds", "completions/s"]
+    header = ["setting", "start ms", "per test ms", "completions", "tests each", "threads", "seconds", "completions/s",
+              "CPU s"]  # fmt: skip
     rows = [
         [
             name,
@@ -114,6 +125,7 @@ def main() -> None:
             reward_module.JUDGE_WORKERS,
             result["seconds"],
             result["completions/s"],
+            result["CPU s"],
         ]
         for name, result in results
     ]

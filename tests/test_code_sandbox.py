@@ -138,6 +138,27 @@ def test_fork_bomb_is_contained():
     assert seconds < 30
 
 
+@needs_namespaces
+def test_processes_are_bounded():
+    program = (
+        "import os, time\n"
+        "count = 0\n"
+        "for _ in range(5000):\n"
+        "    try:\n"
+        "        pid = os.fork()\n"
+        "    except OSError:\n"
+        "        break\n"
+        "    if pid == 0:\n"
+        "        time.sleep(60)\n"
+        "        os._exit(0)\n"
+        "    count += 1\n"
+        "print(count)\n"
+    )
+    outputs, _ = run(program, LocalSandbox(max_processes=64), timeout=20.0)
+    assert outputs[0].status == "ok"
+    assert 0 < int(outputs[0].value) < 300 + 64  # the PID namespace's pid_max (RLIMIT_NPROC: 64, unless root)
+
+
 @pytest.mark.parametrize("isolate", [True, False], ids=["namespaces", "limits_only"])
 def test_10_gb_allocation_fails(isolate):
     outputs, _ = run(code_programs.HOSTILE["allocate_10_gb"], LocalSandbox(isolate=isolate))

@@ -233,23 +233,34 @@ def _run_input(job: dict, value, in_pid_namespace: bool) -> dict:
     deadline = time.monotonic() + timeout
     received = {out_read: bytearray(), result_read: bytearray()}
     status = None
+    exited = os.pidfd_open(pid)  # readable once the program's process ends, whatever its children hold open
     with selectors.DefaultSelector() as selector:
         for descriptor in received:
+            os.set_blocking(descriptor, False)
             selector.register(descriptor, selectors.EVENT_READ)
-        while selector.get_map():
+        selector.register(exited, selectors.EVENT_READ)
+        while True:  # until the program's process ends, the deadline passes or the output is too long
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 status = "timeout"
                 break
-            for key, _ in selector.select(remaining):
-                chunk = os.read(key.fd, 1 << 16)
-                if not chunk:
-                    selector.unregister(key.fd)
+            ready = {key.fd for key, _ in selector.select(remaining)}
+            for descriptor in ready & received.keys() if exited not in ready else received:
+                if descriptor not in selector.get_map():
                     continue
-                received[key.fd] += chunk
-                if len(received[key.fd]) > cap:
-                    status = "output_limit"
-            if status is not None:
+                while True:  # all that is there: after the exit nothing more comes from the program itself
+                    try:
+                        chunk = os.read(descriptor, 1 << 16)
+                    except BlockingIOError:
+                        break
+                    if not chunk:
+                        selector.unregister(descriptor)
+                        break
+                    received[descriptor] += chunk
+                    if len(received[descriptor]) > cap:
+                        status = "output_limit"
+                        break
+            if status is not None or exited in ready:
                 break
         # The program has ended (or is about to be killed): its leftovers go too, the PID namespace's or its group's.
         if in_pid_namespace:
@@ -259,7 +270,7 @@ def _run_input(job: dict, value, in_pid_namespace: bool) -> dict:
                 os.killpg(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-    for descriptor in received:
+    for descriptor in (*received, exited):
         os.close(descriptor)
     _, wait_status = os.waitpid(pid, 0)
     _end_leftovers(in_pid_namespace)
