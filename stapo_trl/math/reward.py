@@ -119,15 +119,15 @@ def math_reward(
     if len(answers) != len(golds):
         raise ValueError(f"{len(answers)} completions but {len(golds)} solutions")
 
+    refused = {answer for answer in set(answers) - {None} if _writes_too_large_an_integer(answer)}
+    for answer in refused:
+        logger.warning(
+            "math_reward: answer %.200r writes an integer of over %d digits: scored -1", answer, MAX_ANSWER_DIGITS
+        )
     # The G completions of a prompt share their gold, which is then parsed once, and often their answer.
     answers_by_gold = {gold: {} for gold in golds}
     for gold, answer in zip(golds, answers):
-        if answer is not None and answer not in answers_by_gold[gold] and _writes_too_large_an_integer(answer):
-            logger.warning(
-                "math_reward: answer %.200r writes an integer of over %d digits: scored -1", answer, MAX_ANSWER_DIGITS
-            )
-            answer = None
-        if answer is not None:
+        if answer is not None and answer not in refused:
             answers_by_gold[gold][answer] = None
     with _POOL_LOCK:
         gold_parses, correct_pairs = _verifier_pool().judge(
