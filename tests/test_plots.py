@@ -14,7 +14,8 @@ from stapo_trl.diagnostics.plots import (
     plot_runs,
     run_names,
 )
-from stapo_trl.report import main
+from stapo_trl.diagnostics.report import main
+
 
 pytest.importorskip("matplotlib")
 
@@ -77,6 +78,20 @@ def test_latest_checkpoint_eval_metrics_and_skipped_quantities(baseline, tmp_pat
     assert figure.axes[0].get_yscale() == "linear"  # only zeros: no log scale
     for path in paths:
         assert min(png_size(path)) > 100
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.9])
+def test_silenced_ratio_marks_every_nonzero_point_between_zeros(smoothing):
+    """A 200-step run logging every 5 steps (40 points) where S2T silenced tokens in 7 isolated windows."""
+    nonzero = {15: 2e-5, 40: 1e-5, 45: 3e-5, 90: 1e-5, 130: 4e-5, 170: 1e-5, 195: 2e-5}
+    history = [{"step": step, "spurious/silenced_ratio": nonzero.get(step, 0.0)} for step in range(5, 201, 5)]
+    quantity = next(q for q in QUANTITIES if q.filename == "silenced_ratio.png")
+    axes = plot_quantity({"stapo": history}, quantity, smoothing=smoothing).axes[0]
+    assert axes.get_yscale() == "log"
+    raw = axes.get_lines()[0]  # the raw values (faint under a smoothed line)
+    assert raw.get_marker() == "o"  # an isolated point has no line segment: only its marker shows it
+    drawn = {int(x): y for x, y in zip(raw.get_xdata(), raw.get_ydata()) if y > 0}
+    assert drawn == pytest.approx({step: 100 * value for step, value in nonzero.items()})
 
 
 def test_mixed_runs_extra_metrics_and_names(run_dir, baseline, tmp_path):

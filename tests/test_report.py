@@ -6,22 +6,21 @@ import sys
 from html.parser import HTMLParser
 
 import pytest
-from test_trace import FIELDS
 from conftest import png_size, train_tiny_run
+from test_trace import FIELDS
 
 from stapo_trl.diagnostics.report import (
     format_entropy_vs_threshold,
     format_number,
     format_probability,
-    iter_trace,
-    load_trace,
+    main,
     render_html,
     render_markdown,
     summarize,
-    visible_token,
     write_report,
 )
-from stapo_trl.report import main
+from stapo_trl.diagnostics.trace import iter_trace, load_trace, visible_token
+
 
 STEP_TABLE_HEADER = "| step | silenced (traced) | kept (traced) |"
 
@@ -94,12 +93,6 @@ def nasty_run(tmp_path):
     return tmp_path
 
 
-def test_trace_directory_name_matches_the_tracer():
-    from stapo_trl.diagnostics import report, trace
-
-    assert report.TRACE_DIRNAME == trace.TRACE_DIRNAME
-
-
 def test_load_trace_reads_every_rank_sorted_by_step(nasty_run, run_dir):
     rows = load_trace(nasty_run)
     assert [row["step"] for row in rows] == [1, 3] and {row["rank"] for row in rows} == {0, 1}
@@ -158,6 +151,7 @@ def test_markdown_escaping(nasty_run):
     assert "<script>" not in text and "<b>" not in text
     assert "\\[**\\\\n**\\]" in text and "\\[**&lt;script&gt;**\\]" in text
     assert " \\|x\\| (10.00%)" not in text and "␣\\|x\\| (10.00%)" in text
+    assert "> &nbsp;&nbsp;&nbsp;&nbsp;indented" in text  # leading spaces kept, not an indented code block
     markdown_it = pytest.importorskip("markdown_it")
     rendered = markdown_it.MarkdownIt("commonmark").enable("table").render(text)
     assert "<script>" not in rendered and "<b>" not in rendered and "<pre>" not in rendered and "<ul>" not in rendered

@@ -1,20 +1,22 @@
 """The offline toy world: tokenizer, synthetic problems, DAPO-layout files, the toy checkpoint and its builder."""
 
 import json
+from dataclasses import asdict
 
 import pyarrow.parquet as pq
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from stapo_trl.math.reward import extract_boxed_answer
 from stapo_trl.toy import SHIPPED_CHECKPOINT, toy_checkpoint, toy_dataset_files
+from stapo_trl.toy.pretrain import PretrainConfig
 from stapo_trl.toy.problems import (
     DAPO_PROMPT_PREFIX,
     DAPO_PROMPT_SUFFIX,
     INSTRUCTION,
     Problem,
     all_problems,
-    boxed_answer,
     chat_prompt,
     generate_problems,
     is_correct,
@@ -32,9 +34,7 @@ def test_tokenizer_round_trips_text_and_chat():
     assert len(ids) == len(text)  # one token per character
     assert tokenizer.decode(ids) == text
     chat = chat_prompt(tokenizer, Problem(23, "+", 45))
-    assert chat == (
-        "<|im_start|>user\nWhat is 23+45? " + INSTRUCTION + "<|im_end|>\n<|im_start|>assistant\n"
-    )
+    assert chat == ("<|im_start|>user\nWhat is 23+45? " + INSTRUCTION + "<|im_end|>\n<|im_start|>assistant\n")
     chat_ids = tokenizer(chat, add_special_tokens=False)["input_ids"]
     assert tokenizer.decode(chat_ids) == chat
     assert tokenizer.decode(tokenizer("7<|im_end|>", add_special_tokens=False)["input_ids"]) == "7<|im_end|>"
@@ -58,12 +58,10 @@ def test_problems_have_integer_answers_and_short_completions():
         assert problem.answer >= 0
         assert len(problem.completion) <= 32
         assert is_correct(problem.completion, problem.answer)
-        assert boxed_answer(problem.unboxed_completion) is None
+        assert extract_boxed_answer(problem.unboxed_completion) is None
         # every worked step is true arithmetic: "a op b = x +/- y = answer"
         left, middle, *rest = problem.completion.split(". ")[0].split("=")
         assert eval(left) == eval(middle) == problem.answer and all(int(r) == problem.answer for r in rest)
-    assert boxed_answer("a \\boxed{1} then \\boxed{ 2 }") == "2"
-    assert boxed_answer("no box") is None
     assert rl_prompt("What is 1+1?") == [{"role": "user", "content": "What is 1+1? " + INSTRUCTION}]
 
 
@@ -140,7 +138,7 @@ def test_toy_checkpoint_is_shipped_and_small():
     size = sum(f.stat().st_size for f in SHIPPED_CHECKPOINT.iterdir() if f.is_file())
     assert size < 10 * 2**20
     info = json.loads((SHIPPED_CHECKPOINT / "pretrain_config.json").read_text())
-    assert info["pretrain"]["seed"] == 0
+    assert info["pretrain"] == asdict(PretrainConfig())  # the defaults are the recipe that built the shipped weights
 
 
 def test_toy_checkpoint_answers_heldout_problems(toy_model_and_tokenizer):
@@ -153,7 +151,7 @@ def test_toy_checkpoint_answers_heldout_problems(toy_model_and_tokenizer):
     with torch.no_grad():
         output = model.generate(**batch, do_sample=False, max_new_tokens=32)
     completions = tokenizer.batch_decode(output[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
-    assert all(boxed_answer(c) is not None for c in completions), completions
+    assert all(extract_boxed_answer(c) is not None for c in completions), completions
     correct = sum(is_correct(c, p.answer) for c, p in zip(completions, problems))
     assert correct >= 4, list(zip(completions, problems))  # a random model gets none of these
 
@@ -161,7 +159,7 @@ def test_toy_checkpoint_answers_heldout_problems(toy_model_and_tokenizer):
 def test_build_toy_checkpoint_smoke(tmp_path):
     from stapo_trl.toy.pretrain import build_toy_checkpoint, evaluate
 
-    out = build_toy_checkpoint(tmp_path / "ckpt", steps=3, batch_size=4, warmup_steps=1, log=None)
+    out = build_toy_checkpoint(tmp_path / "ckpt", PretrainConfig(steps=3, batch_size=4, warmup_steps=1), log=None)
     model = AutoModelForCausalLM.from_pretrained(out)
     tokenizer = AutoTokenizer.from_pretrained(out)
     assert json.loads((out / "pretrain_config.json").read_text())["pretrain"]["steps"] == 3
@@ -178,7 +176,7 @@ def test_toy_checkpoint_builds_into_cache_once(tmp_path, monkeypatch):
 
     def quick_build(output_dir, **kwargs):
         builds.append(output_dir)
-        return original(output_dir, steps=2, batch_size=2, warmup_steps=1, log=None)
+        return original(output_dir, pretrain.PretrainConfig(steps=2, batch_size=2, warmup_steps=1), log=None)
 
     monkeypatch.setattr(toy, "SHIPPED_CHECKPOINT", tmp_path / "not-shipped")
     monkeypatch.setattr(pretrain, "build_toy_checkpoint", quick_build)

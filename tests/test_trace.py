@@ -8,6 +8,7 @@ from conftest import cpu_config, length_reward
 from stapo_trl import STAPOTrainer
 from stapo_trl.toy.model import tiny_qwen3
 
+
 FIELDS = {
     "step", "micro_batch", "rank", "status", "sample", "position", "token_id", "token", "probability", "entropy", "advantage",
     "entropy_threshold", "context_before", "context_after", "top_alternatives",

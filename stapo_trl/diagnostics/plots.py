@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+
 TRAINER_STATE = "trainer_state.json"
 INSTALL_HINT = 'pip install "stapo-trl[diagnostics]"'
 
@@ -152,32 +153,32 @@ def plot_quantity(histories: Mapping[str, Sequence[Mapping]], quantity: Quantity
     Figure, MaxNLocator = _import_matplotlib()
     figure = Figure(figsize=(7.0, 4.2), dpi=120, layout="constrained")
     axes = figure.add_subplot()
-    drawn, masked = 0, False
+    series = []  # (label, style, steps, values) of every line
     for run_index, (name, history) in enumerate(histories.items()):
-        color = f"C{run_index % 10}"
         for index, key in enumerate(quantity.keys):
             steps, values = metric_series(history, key)
-            if not steps:
-                continue
-            values = [value * quantity.scale for value in values]
-            label = name if len(quantity.keys) == 1 else f"{name} · {quantity.key_labels[index]}"
-            style = dict(color=color, linestyle=LINE_STYLES[index % len(LINE_STYLES)])
-            marker = "o" if len(steps) <= 30 else None
-            if smoothing > 0 and len(steps) > 1:
-                axes.plot(steps, values, alpha=0.25, linewidth=0.8, **style)
-                axes.plot(steps, _ema(values, smoothing), label=label, marker=marker, markersize=3, **style)
-            else:
-                axes.plot(steps, values, label=label, marker=marker, markersize=3, **style)
-            masked = masked or any(value <= 0 for value in values)
-            drawn += 1
-    if not drawn:
+            if steps:
+                label = name if len(quantity.keys) == 1 else f"{name} · {quantity.key_labels[index]}"
+                style = dict(color=f"C{run_index % 10}", linestyle=LINE_STYLES[index % len(LINE_STYLES)])
+                series.append((label, style, steps, [value * quantity.scale for value in values]))
+    if not series:
         return None
+    values = [value for *_, line_values in series for value in line_values]
+    log_y = quantity.log_y and any(value > 0 for value in values)
     title = quantity.title
-    positive = any(value > 0 for line in axes.get_lines() for value in line.get_ydata())
-    if quantity.log_y and positive:
+    if log_y:
         axes.set_yscale("log", nonpositive="mask")
-        if masked:
+        if any(value <= 0 for value in values):
             title += " (zero values not shown on the log scale)"
+    for label, style, steps, line_values in series:
+        # On the log scale zeros are masked, which leaves isolated non-zero points without a line: mark every point.
+        marker = "o" if log_y or len(steps) <= 30 else None
+        if smoothing > 0 and len(steps) > 1:
+            raw_marker = "o" if log_y else None
+            axes.plot(steps, line_values, alpha=0.25, linewidth=0.8, marker=raw_marker, markersize=2, **style)
+            axes.plot(steps, _ema(line_values, smoothing), label=label, marker=marker, markersize=3, **style)
+        else:
+            axes.plot(steps, line_values, label=label, marker=marker, markersize=3, **style)
     axes.set_title(title, fontsize=10)
     axes.set_xlabel("optimizer step")
     axes.xaxis.set_major_locator(MaxNLocator(integer=True))

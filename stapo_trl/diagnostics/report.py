@@ -1,108 +1,73 @@
-"""Case reports of the spurious-token trace, in the layout of the paper's Appendix 11.4, as HTML or Markdown.
+"""Case reports of the spurious-token trace, in the layout of the paper's Appendix 11.4, and the `stapo-report` command.
 
-    from stapo_trl.diagnostics.report import load_trace, render_html, write_report
+    stapo-report RUN_DIR [--format html|md] [--output PATH] [--max_cases N] [--word_clouds] [--plots]
+    stapo-report plots RUN [RUN ...] --output DIR      # RUN: a run directory or NAME=RUN_DIR
+    stapo-report word_clouds RUN_DIR --output DIR
+
+    from stapo_trl.diagnostics.report import render_html, write_report
+    from stapo_trl.diagnostics.trace import load_trace
     write_report("outputs/stapo")                     # -> outputs/stapo/spurious_report.html
     html = render_html(load_trace("outputs/stapo"), max_cases=20)
 
-A trace (`STAPOConfig(spurious_trace=True)`, see `stapo_trl.diagnostics.trace`) is one JSON object per traced
-token in `<output_dir>/spurious_trace/rank-<i>.jsonl`. A report shows, per case, the context with the token
-highlighted, its probability P, the advantage Adv. of its completion, its entropy H against the S2T threshold τ_h,
-and the policy's top alternatives; before the cases, the number of traced tokens per step and the most frequent
-tokens. The command line is `python -m stapo_trl.report` (or `stapo-report`), see `stapo_trl.report`.
+`python -m stapo_trl.diagnostics.report` is the same command as `stapo-report`; `report` is its default subcommand.
+A report shows, per case, the context with the token highlighted, its probability P, the advantage Adv. of its
+completion, its entropy H against the S2T threshold τ_h, and the policy's top alternatives; before the cases, the
+number of traced tokens per step and the most frequent tokens. The page is one jinja2 template, autoescaped (HTML),
+and its Markdown twin, where every value is escaped for Markdown unless marked safe. Word clouds and plots need the
+optional dependencies: `pip install "stapo-trl[diagnostics]"`.
 """
 
 from __future__ import annotations
 
+import argparse
 import heapq
-import html
 import json
 import logging
 import os
 import re
+import sys
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
+import jinja2
+from markupsafe import Markup
+
+from .trace import STATUSES, iter_trace, load_trace, row_order, run_root, trace_files, visible_token
+
+
+__all__ = ["load_trace", "main", "render_html", "render_markdown", "summarize", "write_report"]
+
 logger = logging.getLogger(__name__)
 
-STATUSES = ("silenced", "kept")
 SORTS = ("probability", "step")
 FORMATS = ("html", "md")
 REPORT_NAME = "spurious_report"
-TRACE_DIRNAME = "spurious_trace"  # as in .trace, not imported from there: reading a trace does not need torch
 LOG_RATIO_KEY = "spurious/silenced_ratio"
+COMMANDS = ("report", "plots", "word_clouds")
 
-# How whitespace looks in labels (the paper's notation: ␣ for a space, \n for a newline).
-_VISIBLE = {" ": "␣", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+EXPLANATION = (
+    "P: the policy's probability of the sampled token (at the sampling temperature). Adv.: the advantage of its "
+    "completion. H: the entropy of the next-token distribution at that position; τ_h: the S2T entropy threshold "
+    "of its micro-batch. With STAPO's mask (spurious_mask_mode='low_entropy') a candidate (P < τ_p, Adv. > 0) is "
+    "silenced when H < τ_h and kept otherwise; the ablation modes silence other candidates. Top-5: the "
+    "policy's most likely tokens at that position. ␣ is a space, \\n a newline. Counts are of traced tokens: the "
+    "trace keeps at most spurious_trace_max_silenced silenced and spurious_trace_max_kept kept tokens per "
+    "micro-batch."
+)
 
-
-# ----------------------------------------------------------------------------------------------------- reading
-
-
-def trace_files(path: str | os.PathLike) -> list[Path]:
-    """The trace files of a run: `path` is a run directory, its `spurious_trace/` folder, or one `.jsonl` file."""
-    path = Path(path)
-    if path.is_file():
-        return [path]
-    directory = path / TRACE_DIRNAME if (path / TRACE_DIRNAME).is_dir() else path
-    files = sorted(directory.glob("rank-*.jsonl"), key=lambda f: (len(f.name), f.name))  # rank-2 before rank-10
-    if not files:
-        raise FileNotFoundError(
-            f"No trace in {path}: expected {path / TRACE_DIRNAME}/rank-<i>.jsonl, written when the run had "
-            "STAPOConfig(spurious_trace=True)."
-        )
-    return files
-
-
-def iter_trace(path: str | os.PathLike) -> Iterator[dict]:
-    """Stream the rows of every rank file of a trace (file order, not sorted). Unreadable lines are skipped with a
-    warning (the last line of a file is cut short when a run is killed while writing it)."""
-    for trace_file in trace_files(path):
-        bad = 0
-        with open(trace_file, encoding="utf-8") as lines:
-            for line in lines:
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:
-                    bad += 1
-                    continue
-                if isinstance(row, dict):
-                    yield row
-                else:
-                    bad += 1
-        if bad:
-            logger.warning("Skipped %d unreadable line(s) of %s.", bad, trace_file)
-
-
-def _row_order(row: Mapping) -> tuple:
-    return (row.get("step", 0), row.get("rank", 0), row.get("sample", 0), row.get("position", 0))
-
-
-def load_trace(run_dir: str | os.PathLike) -> list[dict]:
-    """All rows of a run's trace, every rank file, sorted by step (then rank, sample, position)."""
-    return sorted(iter_trace(run_dir), key=_row_order)
+# Measured on the offline toy demo (examples/train_math.py, the recipe examples/recipes/toy/stapo_cpu.yaml): see
+# docs/diagnostics.md, "When the report shows no cases".
+NO_CASES = (
+    "No cases. S2T silences a token only when several low-probability tokens (P < τ_p) of positive-advantage "
+    "completions fall in one micro-batch and this one has a lower entropy than the others (H < τ_h), which is rare: "
+    "the paper reports about 0.01% of tokens. PLACEHOLDER"
+)
 
 
 # ------------------------------------------------------------------------------------------------ formatting
-
-
-def visible_token(token: str) -> str:
-    """The token with its whitespace made visible: " the" -> "␣the", "\\n\\n" -> "\\\\n\\\\n", "" -> "∅"."""
-    if token == "":
-        return "∅"
-    return "".join(
-        _VISIBLE.get(char, f"\\u{ord(char):04x}" if char.isspace() or not char.isprintable() else char)
-        for char in token
-    )
-
-
-def cloud_label(token: str) -> str:
-    """A word-cloud label: the token without surrounding whitespace; a pure-whitespace token by its visible name."""
-    return visible_token(token.strip() or token)
 
 
 def format_probability(probability: float) -> str:
@@ -118,6 +83,17 @@ def format_number(value: float | None, digits: int) -> str:
 def format_alternative(alternative: Mapping) -> str:
     """One top-k alternative as in Appendix 11.4: "code (51.90%)"."""
     return f"{visible_token(alternative.get('token', ''))} ({100.0 * alternative.get('probability', 0.0):.2f}%)"
+
+
+def format_entropy_vs_threshold(entropy: float | None, threshold: float | None) -> str:
+    """H against τ_h: "0.312 < 0.530"; more digits when three do not tell them apart ("0.018223 = 0.018223")."""
+    if entropy is None or threshold is None:
+        return f"{format_number(entropy, 3)} vs {format_number(threshold, 3)}"
+    digits = 3
+    while digits < 6 and f"{entropy:.{digits}f}" == f"{threshold:.{digits}f}" and entropy != threshold:
+        digits += 1
+    sign = "<" if entropy < threshold else "=" if entropy == threshold else ">"
+    return f"{entropy:.{digits}f} {sign} {threshold:.{digits}f}"
 
 
 # --------------------------------------------------------------------------------------------------- summary
@@ -163,9 +139,9 @@ def summarize(
                 yield row
 
     if sort == "probability":
-        key = lambda row: (row.get("probability", 1.0), *_row_order(row))  # noqa: E731
+        key = lambda row: (row.get("probability", 1.0), *row_order(row))  # noqa: E731
     else:
-        key = _row_order
+        key = row_order
     if max_cases is None:
         summary.cases = sorted(counted(trace), key=key)
     elif max_cases > 0:
@@ -175,12 +151,6 @@ def summarize(
             pass
     summary.steps = dict(sorted(summary.steps.items()))
     return summary
-
-
-def _summary(trace, status, sort, max_cases) -> TraceSummary:
-    if isinstance(trace, TraceSummary):
-        return trace
-    return summarize(trace, status=status, sort=sort, max_cases=max_cases)
 
 
 def logged_ratios(log_history: Iterable[Mapping] | None) -> dict[int, float]:
@@ -193,52 +163,60 @@ def logged_ratios(log_history: Iterable[Mapping] | None) -> dict[int, float]:
     return ratios
 
 
-def _explanation() -> str:
-    return (
-        "P: the policy's probability of the sampled token (at the sampling temperature). Adv.: the advantage of its "
-        "completion. H: the entropy of the next-token distribution at that position; τ_h: the S2T entropy threshold "
-        "of its micro-batch. With STAPO's mask (spurious_mask_mode='low_entropy') a candidate (P < τ_p, Adv. > 0) is "
-        "silenced when H < τ_h and kept otherwise; the ablation modes silence other candidates. Top-5: the "
-        "policy's most likely tokens at that position. ␣ is a space, \\n a newline. Counts are of traced tokens: the "
-        "trace keeps at most spurious_trace_max_silenced silenced and spurious_trace_max_kept kept tokens per "
-        "micro-batch."
-    )
-
-
-def _label(row: Mapping) -> str:
-    return "Masked token" if row.get("status") == "silenced" else "Kept token"
-
-
-def _meta(row: Mapping) -> str:
-    return " · ".join(
-        [f"step {row.get('step')}", f"rank {row.get('rank')}", f"sample {row.get('sample')}",
-         f"position {row.get('position')}", str(row.get("status"))]
-    )  # fmt: skip
-
-
-def format_entropy_vs_threshold(entropy: float | None, threshold: float | None) -> str:
-    """H against τ_h: "0.312 < 0.530"; more digits when three do not tell them apart ("0.018223 = 0.018223")."""
-    if entropy is None or threshold is None:
-        return f"{format_number(entropy, 3)} vs {format_number(threshold, 3)}"
-    digits = 3
-    while digits < 6 and f"{entropy:.{digits}f}" == f"{threshold:.{digits}f}" and entropy != threshold:
-        digits += 1
-    sign = "<" if entropy < threshold else "=" if entropy == threshold else ">"
-    return f"{entropy:.{digits}f} {sign} {threshold:.{digits}f}"
-
-
-def _stats(row: Mapping) -> list[str]:
-    """P, Adv. and H vs τ_h of a case, formatted."""
-    return [
-        format_probability(row.get("probability", float("nan"))),
-        format_number(row.get("advantage"), 2),
-        format_entropy_vs_threshold(row.get("entropy"), row.get("entropy_threshold")),
+def _page(summary: TraceSummary, *, title, status, sort, top_tokens, log_history, images) -> dict:
+    """The values the templates lay out: plain text, escaped by the template."""
+    ratios = logged_ratios(log_history)
+    cases = [
+        {
+            "number": number,
+            "status": row.get("status", ""),
+            "label": "Masked token" if row.get("status") == "silenced" else "Kept token",
+            "meta": f"step {row.get('step')} · rank {row.get('rank')} · sample {row.get('sample')} · "
+            f"position {row.get('position')} · {row.get('status')}",
+            "token": visible_token(row.get("token", "")),
+            "token_id": row.get("token_id"),
+            "before": row.get("context_before", ""),
+            "after": row.get("context_after", ""),
+            "stats": [
+                format_probability(row.get("probability", float("nan"))),
+                format_number(row.get("advantage"), 2),
+                format_entropy_vs_threshold(row.get("entropy"), row.get("entropy_threshold")),
+            ],
+            "alternatives": [
+                (format_alternative(alt), alt.get("token_id") == row.get("token_id"))
+                for alt in row.get("top_alternatives", [])
+            ],
+        }
+        for number, row in enumerate(summary.cases, start=1)
     ]
+    return {
+        "title": title,
+        "totals": summary.totals,
+        "ranks": len(summary.ranks),
+        "explanation": EXPLANATION,
+        "steps": [
+            (step, counts["silenced"], counts["kept"], format_probability(ratios[step]) if step in ratios else "")
+            for step, counts in summary.steps.items()
+        ],
+        "ratios": bool(ratios),
+        "tokens": {name: summary.tokens[name].most_common(top_tokens) for name in STATUSES},
+        "images": dict(images or {}),
+        "cases": cases,
+        "shown": "all statuses" if status == "all" else f"{status} tokens",
+        "order": "lowest probability first" if sort == "probability" else "by step",
+        "no_cases": NO_CASES,
+    }
 
 
-# ------------------------------------------------------------------------------------------------------ HTML
+# ------------------------------------------------------------------------------------------------- templates
 
-_CSS = """
+_HTML = """\
+<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>{{ title }}</title>
+<style>
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; max-width: 60rem; margin: 2rem auto;
        padding: 0 1rem; color: #222; line-height: 1.45; }
 h1 { font-size: 1.6rem; } h2 { margin-top: 2rem; border-bottom: 1px solid #ddd; }
@@ -254,44 +232,161 @@ mark { padding: 0 .1rem; border-radius: 2px; font-weight: bold; }
 .tokens { display: flex; gap: 2rem; flex-wrap: wrap; }
 figure { margin: 1rem 0; } figure img { max-width: 100%; border: 1px solid #eee; }
 .note { color: #555; font-size: .9rem; }
+</style>
+</head>
+<body>
+<h1>{{ title }}</h1>
+<p>Traced tokens: <strong>{{ totals.silenced }}</strong> silenced and <strong>{{ totals.kept }}</strong>
+kept candidates over <strong>{{ steps|length }}</strong> step(s) and {{ ranks }} rank(s).</p>
+<p class="note">{{ explanation }}</p>
+<h2>Counts per step</h2>
+<details{% if steps|length <= 50 %} open{% endif %}><summary>{{ steps|length }} step(s)</summary>
+<table class="counts">
+<tr><th>step</th><th>silenced (traced)</th><th>kept (traced)</th>{% if ratios %}<th>silenced ratio (logged)</th>{% endif %}</tr>
+{% for step, silenced, kept, ratio in steps %}
+<tr><td class="num">{{ step }}</td><td class="num">{{ silenced }}</td><td class="num">{{ kept }}</td>
+{%- if ratios %}<td class="num">{{ ratio }}</td>{% endif %}</tr>
+{% endfor %}
+</table>
+</details>
+<h2>Most frequent tokens</h2>
+<div class="tokens">
+{% for name, counts in tokens.items() %}
+<table><tr><th>{{ name }} token</th><th>count</th></tr>
+{% for token, count in counts %}
+<tr><td><code>{{ token }}</code></td><td class="num">{{ count }}</td></tr>
+{% else %}
+<tr><td colspan="2">none</td></tr>
+{% endfor %}
+</table>
+{% endfor %}
+</div>
+{% if images %}
+<h2>Figures</h2>
+{% for caption, url in images.items() %}
+<figure><img src="{{ url }}" alt="{{ caption }}"><figcaption>{{ caption }}</figcaption></figure>
+{% endfor %}
+{% endif %}
+<h2>Cases: {{ shown }}, {{ order }} ({{ cases|length }} shown)</h2>
+{% for case in cases %}
+<section class="case {{ case.status }}" id="case-{{ case.number }}">
+<h3>Case {{ case.number }} <small>{{ case.meta }}</small></h3>
+{# one line: the page shows the context's own newlines (white-space: pre-wrap) #}
+<div class="context">{{ case.before }}<mark title="token id {{ case.token_id }}">{{ case.token }}</mark>{{ case.after }}</div>
+<table class="stats">
+<tr><th>{{ case.label }}</th><th>P</th><th>Adv.</th><th>H vs τ_h</th><th>Top-5</th></tr>
+<tr><td><code>{{ case.token }}</code></td>{% for value in case.stats %}<td class="num">{{ value }}</td>{% endfor %}<td>
+{%- for text, is_self in case.alternatives %}{% if not loop.first %} • {% endif %}<span class="alt{% if is_self %} self{% endif %}">{{ text }}</span>{% endfor -%}
+</td></tr>
+</table>
+</section>
+{% else %}
+<p>{{ no_cases }}</p>
+{% endfor %}
+</body>
+</html>
 """
 
+_MARKDOWN = """\
+# {{ title }}
 
-def _e(value) -> str:
-    return html.escape(str(value), quote=True)
+Traced tokens: **{{ totals.silenced }}** silenced and **{{ totals.kept }}** kept candidates over **{{ steps|length }}** step(s) and {{ ranks }} rank(s).
+
+{{ explanation }}
+
+## Counts per step
+
+| step | silenced (traced) | kept (traced) |{% if ratios %} silenced ratio (logged) |{% endif +%}
+|---:|---:|---:|{% if ratios %}---:|{% endif +%}
+{% for step, silenced, kept, ratio in steps %}
+| {{ step }} | {{ silenced }} | {{ kept }} |{% if ratios %} {{ ratio }} |{% endif +%}
+{% endfor %}
+
+## Most frequent tokens
+
+{% for name, counts in tokens.items() %}
+| {{ name }} token | count |
+|---|---:|
+{% for token, count in counts %}
+| {{ token }} | {{ count }} |
+{% else %}
+| none | 0 |
+{% endfor %}
+
+{% endfor %}
+{% if images %}
+## Figures
+
+{% for caption, url in images.items() %}
+![{{ caption }}]({{ url|safe }})
+
+{% endfor %}
+{% endif %}
+## Cases: {{ shown }}, {{ order }} ({{ cases|length }} shown)
+
+{% for case in cases %}
+### Case {{ case.number }} · {{ case.meta }}
+
+{{ case|blockquote }}
+
+| {{ case.label }} | P | Adv. | H vs τ_h | Top-5 |
+|---|---:|---:|---:|---|
+| {{ case.token }} | {{ case.stats[0] }} | {{ case.stats[1] }} | {{ case.stats[2] }} | {{ case.alternatives|map("first")|map("md")|join(" • ")|safe }} |
+
+{% else %}
+{{ no_cases }}
+{% endfor %}
+"""
+
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]|#$~!])")
 
 
-def _html_case(number: int, row: Mapping) -> str:
-    status = row.get("status", "")
-    token = row.get("token", "")
-    alternatives = " • ".join(
-        f'<span class="alt{" self" if alt.get("token_id") == row.get("token_id") else ""}">'
-        f"{_e(format_alternative(alt))}</span>"
-        for alt in row.get("top_alternatives", [])
+def md_escape(text) -> Markup:
+    """Text that Markdown (CommonMark/GFM) shows as is: HTML and Markdown syntax characters escaped."""
+    if isinstance(text, Markup):
+        return text
+    text = str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return Markup(_MD_SPECIAL.sub(r"\\\1", text))
+
+
+def _md_blockquote(case: Mapping) -> Markup:
+    """The context as a blockquote, the token in bold between brackets: ...\\[**token**\\]...
+
+    The brackets sit outside the bold: CommonMark does not open or close `**` between a letter and punctuation, so
+    `**[b]**` inside a word would not be bold, while `[**b**]` always is. What would start a block at the beginning
+    of a line (indentation: code; list markers; headings) is neutralized, and the context's newlines kept.
+    """
+    before, token, after = (str(md_escape(case[key])) for key in ("before", "token", "after"))
+    text = f"{before}\\[**{token}**\\]{after}"
+    lines = []
+    for line in text.split("\n"):
+        indent = len(line) - len(line.lstrip(" \t"))
+        line = "&nbsp;" * indent + line[indent:]
+        line = re.sub(r"^((?:&nbsp;)*)([-+=])", r"\1\\\2", line)
+        lines.append(re.sub(r"^((?:&nbsp;)*\d+)([.)])", r"\1\\\2", line))
+    quoted = []
+    for index, line in enumerate(lines):
+        hard_break = line and index + 1 < len(lines) and lines[index + 1]  # keep the newline inside a paragraph
+        quoted.append(f"> {line}  " if hard_break else f"> {line}".rstrip())
+    return Markup("\n".join(quoted))
+
+
+_HTML_TEMPLATE = jinja2.Environment(
+    autoescape=True, trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True
+).from_string(_HTML)
+_MARKDOWN_ENVIRONMENT = jinja2.Environment(trim_blocks=True, lstrip_blocks=True, finalize=md_escape)
+_MARKDOWN_ENVIRONMENT.filters.update(md=md_escape, blockquote=_md_blockquote)
+_MARKDOWN_TEMPLATE = _MARKDOWN_ENVIRONMENT.from_string(_MARKDOWN)
+
+
+def _render(template, trace, *, title, status, sort, max_cases, top_tokens, log_history, images) -> str:
+    summary = (
+        trace if isinstance(trace, TraceSummary) else summarize(trace, status=status, sort=sort, max_cases=max_cases)
     )
-    token = _e(visible_token(token))
-    context = (  # one line: the page shows the context's own newlines (white-space: pre-wrap)
-        f'{_e(row.get("context_before", ""))}<mark title="token id {_e(row.get("token_id"))}">{token}</mark>'
-        f"{_e(row.get('context_after', ''))}"
+    page = _page(
+        summary, title=title, status=status, sort=sort, top_tokens=top_tokens, log_history=log_history, images=images
     )
-    cells = "".join(f'<td class="num">{_e(value)}</td>' for value in _stats(row))
-    return f"""<section class="case {_e(status)}" id="case-{number}">
-<h3>Case {number} <small>{_e(_meta(row))}</small></h3>
-<div class="context">{context}</div>
-<table class="stats">
-<tr><th>{_label(row)}</th><th>P</th><th>Adv.</th><th>H vs τ_h</th><th>Top-5</th></tr>
-<tr><td><code>{token}</code></td>{cells}<td>{alternatives}</td></tr>
-</table>
-</section>"""
-
-
-def _html_token_table(status: str, counts: Counter, top: int) -> str:
-    rows = "".join(
-        f'<tr><td><code>{_e(token)}</code></td><td class="num">{count}</td></tr>'
-        for token, count in counts.most_common(top)
-    )
-    rows = rows or '<tr><td colspan="2">none</td></tr>'
-    return f"<table><tr><th>{_e(status)} token</th><th>count</th></tr>{rows}</table>"
+    return template.render(page)
 
 
 def render_html(
@@ -315,107 +410,10 @@ def render_html(
         log_history: the run's log history; adds the logged silenced ratio to the per-step counts.
         images: `{caption: URL}` of figures to show (word clouds, plots), URLs relative to the page.
     """
-    summary = _summary(trace, status, sort, max_cases)
-    ratios = logged_ratios(log_history)
-    ratio_header = "<th>silenced ratio (logged)</th>" if ratios else ""
-    step_rows = "".join(
-        f'<tr><td class="num">{_e(step)}</td><td class="num">{counts["silenced"]}</td>'
-        f'<td class="num">{counts["kept"]}</td>'
-        + (f'<td class="num">{_e(format_probability(ratios[step]) if step in ratios else "")}</td>' if ratios else "")
-        + "</tr>"
-        for step, counts in summary.steps.items()
-    )
-    open_attribute = " open" if len(summary.steps) <= 50 else ""
-    token_tables = "".join(_html_token_table(name, summary.tokens[name], top_tokens) for name in STATUSES)
-    figures = "".join(
-        f'<figure><img src="{_e(url)}" alt="{_e(caption)}"><figcaption>{_e(caption)}</figcaption></figure>'
-        for caption, url in (images or {}).items()
-    )
-    cases = "\n".join(_html_case(number, row) for number, row in enumerate(summary.cases, start=1))
-    shown = "all statuses" if status == "all" else f"{status} tokens"
-    order = "lowest probability first" if sort == "probability" else "by step"
-    return f"""<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<title>{_e(title)}</title>
-<style>{_CSS}</style>
-</head>
-<body>
-<h1>{_e(title)}</h1>
-<p>Traced tokens: <strong>{summary.totals["silenced"]}</strong> silenced and <strong>{summary.totals["kept"]}</strong>
-kept candidates over <strong>{len(summary.steps)}</strong> step(s) and {len(summary.ranks)} rank(s).</p>
-<p class="note">{_e(_explanation())}</p>
-<h2>Counts per step</h2>
-<details{open_attribute}><summary>{len(summary.steps)} step(s)</summary>
-<table class="counts">
-<tr><th>step</th><th>silenced (traced)</th><th>kept (traced)</th>{ratio_header}</tr>{step_rows}
-</table>
-</details>
-<h2>Most frequent tokens</h2>
-<div class="tokens">{token_tables}</div>
-{"<h2>Figures</h2>" + figures if figures else ""}
-<h2>Cases: {_e(shown)}, {_e(order)} ({len(summary.cases)} shown)</h2>
-{cases or "<p>No cases.</p>"}
-</body>
-</html>
-"""  # noqa: E501
-
-
-# -------------------------------------------------------------------------------------------------- Markdown
-
-_MD_SPECIAL = re.compile(r"([\\`*_\[\]|#$~!])")
-
-
-def md_escape(text: str) -> str:
-    """Text that Markdown (CommonMark/GFM) shows as is: HTML and Markdown syntax characters escaped."""
-    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    return _MD_SPECIAL.sub(r"\\\1", text)
-
-
-def _md_line(line: str) -> str:
-    """Neutralize what starts a block at the beginning of a line: indentation (code), list markers, headings."""
-    indent = len(line) - len(line.lstrip(" \t"))
-    line = "&nbsp;" * indent + line[indent:]
-    line = re.sub(r"^((?:&nbsp;)*)([-+=])", r"\1\\\2", line)
-    return re.sub(r"^((?:&nbsp;)*\d+)([.)])", r"\1\\\2", line)
-
-
-def _md_context(row: Mapping) -> str:
-    """The context as a blockquote, the token in bold between brackets: ...\\[**token**\\]...
-
-    The brackets sit outside the bold: CommonMark does not open or close `**` between a letter and punctuation, so
-    `**[b]**` inside a word would not be bold, while `[**b**]` always is.
-    """
-    text = (
-        md_escape(row.get("context_before", ""))
-        + "\\[**" + md_escape(visible_token(row.get("token", ""))) + "**\\]"
-        + md_escape(row.get("context_after", ""))
+    return _render(
+        _HTML_TEMPLATE, trace, title=title, status=status, sort=sort, max_cases=max_cases, top_tokens=top_tokens,
+        log_history=log_history, images=images,
     )  # fmt: skip
-    lines = [_md_line(line) for line in text.split("\n")]
-    quoted = []
-    for index, line in enumerate(lines):
-        hard_break = line and index + 1 < len(lines) and lines[index + 1]  # keep the newline inside a paragraph
-        quoted.append(f"> {line}  " if hard_break else f"> {line}".rstrip())
-    return "\n".join(quoted)
-
-
-def _md_case(number: int, row: Mapping) -> str:
-    token = md_escape(visible_token(row.get("token", "")))
-    alternatives = " • ".join(md_escape(format_alternative(alt)) for alt in row.get("top_alternatives", []))
-    probability, advantage, entropy = _stats(row)
-    return "\n".join(
-        [
-            f"### Case {number} · {_meta(row)}",
-            "",
-            _md_context(row),
-            "",
-            f"| {_label(row)} | P | Adv. | H vs τ_h | Top-5 |",
-            "|---|---:|---:|---:|---|",
-            f"| {token} | {probability} | {advantage} | {md_escape(entropy)} | {alternatives} |",
-            "",
-        ]
-    )
 
 
 def render_markdown(
@@ -430,51 +428,14 @@ def render_markdown(
     images: Mapping[str, str] | None = None,
 ) -> str:
     """The report of `render_html` as Markdown (GitHub-flavoured: tables; the token as \\[**token**\\])."""
-    summary = _summary(trace, status, sort, max_cases)
-    ratios = logged_ratios(log_history)
-    lines = [
-        f"# {md_escape(title)}",
-        "",
-        f"Traced tokens: **{summary.totals['silenced']}** silenced and **{summary.totals['kept']}** kept candidates "
-        f"over **{len(summary.steps)}** step(s) and {len(summary.ranks)} rank(s).",
-        "",
-        md_escape(_explanation()),
-        "",
-        "## Counts per step",
-        "",
-        "| step | silenced (traced) | kept (traced) |" + (" silenced ratio (logged) |" if ratios else ""),
-        "|---:|---:|---:|" + ("---:|" if ratios else ""),
-    ]
-    for step, counts in summary.steps.items():
-        line = f"| {step} | {counts['silenced']} | {counts['kept']} |"
-        if ratios:
-            line += f" {format_probability(ratios[step]) if step in ratios else ''} |"
-        lines.append(line)
-    lines += ["", "## Most frequent tokens", ""]
-    for token_status in STATUSES:
-        lines += [f"| {token_status} token | count |", "|---|---:|"]
-        most_common = summary.tokens[token_status].most_common(top_tokens)
-        lines += [f"| {md_escape(token)} | {count} |" for token, count in most_common] or ["| none | 0 |"]
-        lines.append("")
-    if images:
-        lines += ["## Figures", ""]
-        lines += [f"![{md_escape(caption)}]({url})\n" for caption, url in images.items()]
-    shown = "all statuses" if status == "all" else f"{status} tokens"
-    order = "lowest probability first" if sort == "probability" else "by step"
-    lines += [f"## Cases: {shown}, {order} ({len(summary.cases)} shown)", ""]
-    lines += [_md_case(number, row) for number, row in enumerate(summary.cases, start=1)] or ["No cases.", ""]
-    return "\n".join(lines).rstrip("\n") + "\n"
+    text = _render(
+        _MARKDOWN_TEMPLATE, trace, title=title, status=status, sort=sort, max_cases=max_cases, top_tokens=top_tokens,
+        log_history=log_history, images=images,
+    )  # fmt: skip
+    return text.rstrip("\n") + "\n"
 
 
 # ----------------------------------------------------------------------------------------------------- files
-
-
-def run_root(path: str | os.PathLike) -> Path:
-    """The run directory of a path given to the report: a run directory, its trace folder or a trace file."""
-    path = Path(path)
-    if path.is_file():
-        path = path.parent
-    return path.parent if path.name == TRACE_DIRNAME else path
 
 
 def _relative_url(target: Path, start: Path) -> str:
@@ -538,3 +499,117 @@ def write_report(
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(text, encoding="utf-8")
     return output
+
+
+# ---------------------------------------------------------------------------------------------- command line
+
+
+def _add(parser: argparse.ArgumentParser, name: str, **kwargs) -> None:
+    """An option spelled with underscores (as in the configs) and with hyphens."""
+    flags = [f"--{name}"] + ([f"--{name.replace('_', '-')}"] if "_" in name else [])
+    parser.add_argument(*flags, dest=name, **kwargs)
+
+
+def _named_run(text: str) -> tuple[str | None, str]:
+    """`NAME=RUN_DIR` -> (NAME, RUN_DIR); an existing path (even with "=" in it) or a plain path -> (None, path)."""
+    if "=" in text and not os.path.exists(text):
+        name, path = text.split("=", 1)
+        if name and path:
+            return name, path
+    return None, text
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="stapo-report",
+        description="See the spurious tokens of STAPO runs: trace reports, word clouds and training curves.",
+        epilog="Without a subcommand, the arguments are those of `report`.",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="{report,plots,word_clouds}")
+
+    report = commands.add_parser(
+        "report", help="render a run's spurious-token trace as an HTML or Markdown page (the default command)",
+        description="Render <RUN_DIR>/spurious_trace/rank-*.jsonl (written with STAPOConfig(spurious_trace=True)) "
+        "as an HTML or Markdown page in the layout of the paper's Appendix 11.4.",
+    )  # fmt: skip
+    report.add_argument("run_dir", help="the run's output directory (or its spurious_trace/ folder, or a trace file)")
+    _add(report, "format", choices=FORMATS, default=None, help="default: from --output's suffix, else html")
+    _add(report, "output", default=None, help="report file (default: <RUN_DIR>/spurious_report.html or .md)")
+    _add(report, "max_cases", type=int, default=50, help="cases shown (default: 50; -1 for all)")
+    _add(report, "status", choices=(*STATUSES, "all"), default="silenced", help="cases (default: silenced)")
+    _add(report, "sort", choices=SORTS, default="probability",
+         help="case order: lowest probability first (default) or by step")  # fmt: skip
+    _add(report, "top_tokens", type=int, default=20, help="rows of the most-frequent-token tables (default: 20)")
+    _add(report, "title", default=None, help="page title (default: 'Spurious tokens: <run name>')")
+    _add(report, "word_clouds", action="store_true", help="also draw the word clouds and show them in the report")
+    _add(report, "plots", action="store_true", help="also plot the run's training curves and show them in the report")
+
+    plots = commands.add_parser(
+        "plots", help="plot the training curves of one or several runs, overlaid (one PNG per quantity)",
+        description="Plot reward, entropy, silenced and candidate ratios, entropy quantiles, completion length and "
+        "eval/... metrics from each run's trainer_state.json, the runs overlaid.",
+    )  # fmt: skip
+    plots.add_argument("runs", nargs="+", metavar="RUN", help="a run directory, or NAME=RUN_DIR to name it in legends")
+    _add(plots, "output", required=True, help="folder for the PNG files")
+    _add(plots, "metric", action="append", default=[], help="another log key to plot (repeatable), e.g. kl")
+    _add(plots, "smoothing", type=float, default=0.0, help="exponential moving average in [0, 1) (default: 0)")
+
+    clouds = commands.add_parser(
+        "word_clouds", help="word clouds of the silenced vs kept low-probability tokens of a trace (Fig. 9)"
+    )
+    clouds.add_argument("run_dir", help="the run's output directory (or its spurious_trace/ folder, or a trace file)")
+    _add(clouds, "output", default=None, help="folder for the PNG files (default: <RUN_DIR>/word_clouds)")
+    _add(clouds, "random_state", type=int, default=0, help="layout seed (default: 0)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] not in COMMANDS and argv[0] not in ("-h", "--help"):
+        argv.insert(0, "report")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        for path in _run(args):
+            print(path)
+    except (FileNotFoundError, ImportError, ValueError, json.JSONDecodeError) as error:
+        parser.exit(1, f"stapo-report: error: {error}\n")
+    return 0
+
+
+def _run(args) -> list:
+    # Imported here: the plots and word clouds (and matplotlib / wordcloud inside them) load only when used.
+    if args.command == "report":
+        max_cases = None if args.max_cases < 0 else args.max_cases
+        return [
+            write_report(
+                args.run_dir, args.output, fmt=args.format, status=args.status, sort=args.sort, max_cases=max_cases,
+                top_tokens=args.top_tokens, word_clouds=args.word_clouds, plots=args.plots, title=args.title,
+            )
+        ]  # fmt: skip
+    if args.command == "plots":
+        from .plots import plot_runs, run_names
+
+        named = [_named_run(run) for run in args.runs]
+        unnamed = run_names([path for name, path in named if name is None])
+        runs, unnamed_names = {}, iter(unnamed)
+        for name, path in named:  # keep the command line's order in the legends
+            runs[name if name is not None else next(unnamed_names)] = path
+        written = plot_runs(runs, args.output, extra_metrics=args.metric, smoothing=args.smoothing)
+        if not written:
+            raise ValueError("none of the runs logged any of the plotted quantities.")
+        return written
+    from .word_clouds import word_clouds
+
+    output = args.output or os.path.join(run_root(args.run_dir), "word_clouds")
+    written = word_clouds(args.run_dir, output, random_state=args.random_state)
+    if not written:
+        raise ValueError(f"the trace of {args.run_dir} has no tokens to draw.")
+    return list(written.values())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -14,14 +14,28 @@ are written (a random sample when there are more), so a trace grows by a bounded
 alternatives need the full next-token distribution at the traced positions, which the loss does not keep: the
 tracer recomputes the logits of the traced rows in one extra no-grad forward pass, on every process even when it
 has nothing to trace (under FSDP a forward is a collective). With tracing off, nothing here runs.
+torch is imported inside the writer's methods, so that reading a trace (the report command) does not load it.
+
+The reader (`trace_files`, `iter_trace`, `load_trace`) is the other half: a trace is plain JSON lines, so
+`pandas.read_json(path, lines=True)` reads one file too.
 """
 
-import json
-import os
+from __future__ import annotations
 
-import torch
+import json
+import logging
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+
+logger = logging.getLogger(__name__)
 
 TRACE_DIRNAME = "spurious_trace"
+STATUSES = ("silenced", "kept")
+
+# How whitespace looks in token labels (the paper's notation: ␣ for a space, \n for a newline).
+_VISIBLE = {" ": "␣", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
 
 
 class SpuriousTokenTracer:
@@ -29,6 +43,8 @@ class SpuriousTokenTracer:
         self, output_dir, process_index, tokenizer, temperature=1.0, max_silenced=64, max_kept=16, context_tokens=32,
         top_k=5,
     ):  # fmt: skip
+        import torch
+
         self.directory = os.path.join(output_dir, TRACE_DIRNAME)
         os.makedirs(self.directory, exist_ok=True)
         self.path = os.path.join(self.directory, f"rank-{process_index}.jsonl")
@@ -39,14 +55,17 @@ class SpuriousTokenTracer:
         self.context_tokens, self.top_k = context_tokens, top_k
         self.generator = torch.Generator().manual_seed(process_index)
 
-    def _sample(self, mask: torch.Tensor, limit: int) -> torch.Tensor:
+    def _sample(self, mask, limit: int):
+        import torch
+
         positions = mask.nonzero().cpu()
         if len(positions) > limit:
             positions = positions[torch.randperm(len(positions), generator=self.generator)[:limit]]
         return positions
 
-    @torch.no_grad()
-    def record(self, step, micro_batch, model, inputs, per_token_logps, entropies, advantages, silenced, candidates, threshold):
+    def record(
+        self, step, micro_batch, model, inputs, per_token_logps, entropies, advantages, silenced, candidates, threshold
+    ):
         """Append the traced tokens of one micro-batch to this process's file."""
         traced = [("silenced", p) for p in self._sample(silenced, self.max_silenced)]
         traced += [("kept", p) for p in self._sample(candidates & ~silenced, self.max_kept)]
@@ -90,11 +109,81 @@ class SpuriousTokenTracer:
 
     def _top_alternatives(self, model, inputs, rows):
         """Top-k probabilities and token ids at every completion position of the given rows."""
+        import torch
+
         prompt_ids, completion_ids = inputs["prompt_ids"][rows], inputs["completion_ids"][rows]
         input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
         attention_mask = torch.cat([inputs["prompt_mask"][rows], inputs["completion_mask"][rows]], dim=1)
-        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
+        with torch.no_grad():
+            logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
         # Position t - 1 predicts completion token t; the policy samples (and the loss scores) at the temperature.
         logits = logits[:, prompt_ids.size(1) - 1 : -1].float() / self.temperature
         probabilities, token_ids = logits.softmax(-1).topk(self.top_k, dim=-1)
         return probabilities.cpu(), token_ids.cpu()
+
+
+# ------------------------------------------------------------------------------------------------------- reading
+
+
+def trace_files(path: str | os.PathLike) -> list[Path]:
+    """The trace files of a run: `path` is a run directory, its `spurious_trace/` folder, or one `.jsonl` file."""
+    path = Path(path)
+    if path.is_file():
+        return [path]
+    directory = path / TRACE_DIRNAME if (path / TRACE_DIRNAME).is_dir() else path
+    files = sorted(directory.glob("rank-*.jsonl"), key=lambda f: (len(f.name), f.name))  # rank-2 before rank-10
+    if not files:
+        raise FileNotFoundError(
+            f"No trace in {path}: expected {path / TRACE_DIRNAME}/rank-<i>.jsonl, written when the run had "
+            "STAPOConfig(spurious_trace=True)."
+        )
+    return files
+
+
+def run_root(path: str | os.PathLike) -> Path:
+    """The run directory of a trace path: a run directory, its trace folder or a trace file."""
+    path = Path(path)
+    if path.is_file():
+        path = path.parent
+    return path.parent if path.name == TRACE_DIRNAME else path
+
+
+def iter_trace(path: str | os.PathLike) -> Iterator[dict]:
+    """Stream the rows of every rank file of a trace (file order, not sorted). Unreadable lines are skipped with a
+    warning (the last line of a file is cut short when a run is killed while writing it)."""
+    for trace_file in trace_files(path):
+        bad = 0
+        with open(trace_file, encoding="utf-8") as lines:
+            for line in lines:
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    row = None
+                if isinstance(row, dict):
+                    yield row
+                else:
+                    bad += 1
+        if bad:
+            logger.warning("Skipped %d unreadable line(s) of %s.", bad, trace_file)
+
+
+def row_order(row: Mapping) -> tuple:
+    """Training order of trace rows: step, then rank, sample and position."""
+    return (row.get("step", 0), row.get("rank", 0), row.get("sample", 0), row.get("position", 0))
+
+
+def load_trace(run_dir: str | os.PathLike) -> list[dict]:
+    """All rows of a run's trace, every rank file, sorted by step (then rank, sample, position)."""
+    return sorted(iter_trace(run_dir), key=row_order)
+
+
+def visible_token(token: str) -> str:
+    """The token with its whitespace made visible: " the" -> "␣the", "\\n\\n" -> "\\\\n\\\\n", "" -> "∅"."""
+    if token == "":
+        return "∅"
+    return "".join(
+        _VISIBLE.get(char, f"\\u{ord(char):04x}" if char.isspace() or not char.isprintable() else char)
+        for char in token
+    )

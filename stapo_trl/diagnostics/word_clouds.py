@@ -1,6 +1,6 @@
 """Word clouds of the silenced vs the kept low-probability tokens of a trace (the paper's Fig. 9).
 
-    from stapo_trl.diagnostics.report import load_trace
+    from stapo_trl.diagnostics.trace import load_trace
     from stapo_trl.diagnostics.word_clouds import word_clouds
     word_clouds(load_trace("outputs/stapo"), "figures/")  # {"silenced": .../word_cloud_silenced.png, "kept": ...}
 
@@ -19,7 +19,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from .report import STATUSES, cloud_label, iter_trace
+from .trace import STATUSES, iter_trace, visible_token
+
 
 logger = logging.getLogger(__name__)
 INSTALL_HINT = 'pip install "stapo-trl[diagnostics]"'
@@ -29,6 +30,11 @@ DEFAULT_STOPWORDS = frozenset(
     "a an the of in on at to for by with from into onto as about over under between among through and or".split()
 )
 HUES = {"silenced": 0, "kept": 215}  # red for the spurious tokens, blue for the exploratory ones
+
+
+def cloud_label(token: str) -> str:
+    """A word-cloud label: the token without surrounding whitespace; a pure-whitespace token by its visible name."""
+    return visible_token(token.strip() or token)
 
 
 def _color_func(hue: int):

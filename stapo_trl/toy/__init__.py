@@ -14,6 +14,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+
 TOY_VERSION = "1"
 """Bump when the problems, the tokenizer, the model shape or the pretraining recipe change."""
 

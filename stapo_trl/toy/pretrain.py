@@ -15,25 +15,30 @@ import json
 import math
 import random
 import time
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from .problems import Problem, boxed_answer, chat_prompt, generate_problems, is_correct
+from ..math.reward import extract_boxed_answer
+from .problems import Problem, chat_prompt, generate_problems, is_correct
 
-# Defaults used for the shipped checkpoint (see `stapo_trl/toy/checkpoint/pretrain_config.json`).
-DEFAULTS = dict(
-    hidden_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    intermediate_size=128,
-    steps=700,
-    batch_size=32,
-    lr=3e-3,
-    warmup_steps=30,
-    weight_decay=0.01,
-    unboxed_fraction=0.35,
-    seed=0,
-)
+
+@dataclass(frozen=True)
+class PretrainConfig:
+    """The toy model's shape and its pretraining recipe. The defaults built the shipped checkpoint (its
+    `pretrain_config.json` records them): 80k parameters, 700 steps of 32 problems."""
+
+    hidden_size: int = 64
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    intermediate_size: int = 128
+    steps: int = 700
+    batch_size: int = 32
+    lr: float = 3e-3  # AdamW, linear warmup then cosine decay to 10% of lr
+    warmup_steps: int = 30
+    weight_decay: float = 0.01
+    unboxed_fraction: float = 0.35  # share of training completions that leave the answer unboxed (a bad habit)
+    seed: int = 0
 
 
 def _encode_batch(tokenizer, problems: list[Problem], completions: list[str] | None = None):
@@ -109,7 +114,7 @@ def evaluate(model, tokenizer, problems: list[Problem], **generation) -> float:
 def unboxed_share(completions: list[list[str]]) -> float:
     """Fraction of completions without any `\\boxed{...}` answer."""
     flat = [c for samples in completions for c in samples]
-    return sum(boxed_answer(c) is None for c in flat) / len(flat)
+    return sum(extract_boxed_answer(c) is None for c in flat) / len(flat)
 
 
 def _accuracy(problems: list[Problem], completions: list[list[str]], boxed_only: bool = False) -> float | None:
@@ -117,7 +122,7 @@ def _accuracy(problems: list[Problem], completions: list[list[str]], boxed_only:
         is_correct(c, p.answer)
         for p, samples in zip(problems, completions)
         for c in samples
-        if not boxed_only or boxed_answer(c) is not None
+        if not boxed_only or extract_boxed_answer(c) is not None
     ]
     return round(sum(results) / len(results), 4) if results else None
 
@@ -125,13 +130,8 @@ def _accuracy(problems: list[Problem], completions: list[list[str]], boxed_only:
 def pretrain(
     model,
     tokenizer,
-    steps: int = DEFAULTS["steps"],
-    batch_size: int = DEFAULTS["batch_size"],
-    lr: float = DEFAULTS["lr"],
-    warmup_steps: int = DEFAULTS["warmup_steps"],
-    weight_decay: float = DEFAULTS["weight_decay"],
-    seed: int = DEFAULTS["seed"],
-    unboxed_fraction: float = DEFAULTS["unboxed_fraction"],
+    config: PretrainConfig = PretrainConfig(),
+    *,
     log_every: int = 50,
     eval_every: int = 0,
     eval_problems: list[Problem] | None = None,
@@ -139,15 +139,16 @@ def pretrain(
 ) -> list[dict]:
     """Train `model` in place on freshly drawn train-split problems; return the log records.
 
-    AdamW, linear warmup then cosine decay to 10% of `lr`, loss on completion tokens only. Deterministic for a
-    given `seed` on a given machine and thread count: problems are drawn with `random.Random(seed)`, and nothing
-    else is random (Qwen3 has no dropout by default).
+    AdamW, linear warmup then cosine decay to 10% of `config.lr`, loss on completion tokens only. Deterministic for
+    a given `config.seed` on a given machine and thread count: problems are drawn with `random.Random(seed)`, and
+    nothing else is random (Qwen3 has no dropout by default).
     """
     import torch
 
-    rng = random.Random(seed)
+    steps, lr, warmup_steps = config.steps, config.lr, config.warmup_steps
+    rng = random.Random(config.seed)
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, betas=(0.9, 0.98))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=config.weight_decay, betas=(0.9, 0.98))
 
     def lr_at(step: int) -> float:
         if step < warmup_steps:
@@ -158,8 +159,10 @@ def pretrain(
     records = []
     start = time.perf_counter()
     for step in range(steps):
-        problems = generate_problems(batch_size, seed=rng.getrandbits(32), split="train", unique=False)
-        completions = [p.unboxed_completion if rng.random() < unboxed_fraction else p.completion for p in problems]
+        problems = generate_problems(config.batch_size, seed=rng.getrandbits(32), split="train", unique=False)
+        completions = [
+            p.unboxed_completion if rng.random() < config.unboxed_fraction else p.completion for p in problems
+        ]
         input_ids, attention_mask, labels = _encode_batch(tokenizer, problems, completions)
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step)
@@ -181,18 +184,8 @@ def pretrain(
 
 def build_toy_checkpoint(
     output_dir: str | Path,
-    hidden_size: int = DEFAULTS["hidden_size"],
-    num_hidden_layers: int = DEFAULTS["num_hidden_layers"],
-    num_attention_heads: int = DEFAULTS["num_attention_heads"],
-    num_key_value_heads: int = DEFAULTS["num_key_value_heads"],
-    intermediate_size: int = DEFAULTS["intermediate_size"],
-    steps: int = DEFAULTS["steps"],
-    batch_size: int = DEFAULTS["batch_size"],
-    lr: float = DEFAULTS["lr"],
-    warmup_steps: int = DEFAULTS["warmup_steps"],
-    weight_decay: float = DEFAULTS["weight_decay"],
-    unboxed_fraction: float = DEFAULTS["unboxed_fraction"],
-    seed: int = DEFAULTS["seed"],
+    config: PretrainConfig = PretrainConfig(),
+    *,
     num_threads: int | None = 1,
     eval_every: int = 0,
     num_eval_problems: int = 0,
@@ -200,18 +193,18 @@ def build_toy_checkpoint(
 ) -> Path:
     """Build the tokenizer and a tiny Qwen3, pretrain it, and `save_pretrained` both into `output_dir`.
 
-    With the defaults: 80k parameters (0.3 MB of float32), 700 steps of 32 problems, about 1.5 minutes on one CPU
-    core. A share `unboxed_fraction` of the training completions stops after the worked steps without boxing the
-    answer, a habit that earns no reward: the model boxes its answer when decoding greedily (held-out accuracy about
-    0.6) but leaves it out in about 40% of samples at temperature 1.0 (sampled accuracy about 0.22). RL can then
-    improve it quickly, by dropping the habit, and slowly, by sharpening the arithmetic.
+    With the default `PretrainConfig`: 80k parameters (0.3 MB of float32), 700 steps of 32 problems, about 1.5
+    minutes on one CPU core. A share `unboxed_fraction` of the training completions stops after the worked steps
+    without boxing the answer, a habit that earns no reward: the model boxes its answer when decoding greedily
+    (held-out accuracy about 0.6) but leaves it out in about 40% of samples at temperature 1.0 (sampled accuracy
+    about 0.22). RL can then improve it quickly, by dropping the habit, and slowly, by sharpening the arithmetic.
 
     `num_threads` (default 1) is the torch thread count while training: one thread is as fast as several for a
     model this small, much faster on a busy machine, and keeps the result bit-identical from run to run on a
     machine. `num_eval_problems` held-out problems are evaluated at the end (greedy, and 8 samples each at
     T=1.0) and every `eval_every` steps.
 
-    Writes `pretrain_config.json` next to the weights: the arguments, the training time, the final loss and, when
+    Writes `pretrain_config.json` next to the weights: the config, the training time, the final loss and, when
     measured, the held-out accuracies.
     """
     import torch
@@ -219,20 +212,6 @@ def build_toy_checkpoint(
     from .model import tiny_qwen3
     from .tokenizer import build_tokenizer
 
-    config = dict(
-        hidden_size=hidden_size,
-        num_hidden_layers=num_hidden_layers,
-        num_attention_heads=num_attention_heads,
-        num_key_value_heads=num_key_value_heads,
-        intermediate_size=intermediate_size,
-        steps=steps,
-        batch_size=batch_size,
-        lr=lr,
-        warmup_steps=warmup_steps,
-        weight_decay=weight_decay,
-        unboxed_fraction=unboxed_fraction,
-        seed=seed,
-    )
     output_dir = Path(output_dir)
     previous_threads = torch.get_num_threads()
     if num_threads:
@@ -241,30 +220,17 @@ def build_toy_checkpoint(
         tokenizer = build_tokenizer()
         model = tiny_qwen3(
             tokenizer,
-            hidden_size=hidden_size,
-            num_hidden_layers=num_hidden_layers,
-            num_attention_heads=num_attention_heads,
-            num_key_value_heads=num_key_value_heads,
-            intermediate_size=intermediate_size,
-            seed=seed,
+            hidden_size=config.hidden_size,
+            num_hidden_layers=config.num_hidden_layers,
+            num_attention_heads=config.num_attention_heads,
+            num_key_value_heads=config.num_key_value_heads,
+            intermediate_size=config.intermediate_size,
+            seed=config.seed,
         )
-        eval_problems = generate_problems(num_eval_problems, seed=seed + 1, split="heldout")
-        records = pretrain(
-            model,
-            tokenizer,
-            steps=steps,
-            batch_size=batch_size,
-            lr=lr,
-            warmup_steps=warmup_steps,
-            weight_decay=weight_decay,
-            unboxed_fraction=unboxed_fraction,
-            seed=seed,
-            eval_every=eval_every,
-            eval_problems=eval_problems,
-            log=log,
-        )
+        eval_problems = generate_problems(num_eval_problems, seed=config.seed + 1, split="heldout")
+        records = pretrain(model, tokenizer, config, eval_every=eval_every, eval_problems=eval_problems, log=log)
         info = {
-            "pretrain": config,
+            "pretrain": asdict(config),
             "parameters": sum(p.numel() for p in model.parameters()),
             "train_seconds": round(records[-1]["seconds"], 1) if records else 0.0,
             "final_loss": round(records[-1]["loss"], 4) if records else None,
@@ -272,7 +238,9 @@ def build_toy_checkpoint(
         }
         if eval_problems:
             greedy = sample_completions(model, tokenizer, eval_problems)
-            sampled = sample_completions(model, tokenizer, eval_problems, do_sample=True, num_samples=8, seed=seed)
+            sampled = sample_completions(
+                model, tokenizer, eval_problems, do_sample=True, num_samples=8, seed=config.seed
+            )
             info["heldout"] = {
                 "problems": len(eval_problems),
                 "greedy_accuracy": _accuracy(eval_problems, greedy),
@@ -295,15 +263,16 @@ def build_toy_checkpoint(
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output_dir", required=True)
-    for name, default in DEFAULTS.items():
-        parser.add_argument(f"--{name}", type=type(default), default=default)
+    for option in fields(PretrainConfig):
+        parser.add_argument(f"--{option.name}", type=type(option.default), default=option.default)
     parser.add_argument("--num_threads", type=int, default=1, help="torch threads while training (0: leave as is)")
     parser.add_argument("--eval_every", type=int, default=0, help="measure held-out accuracy every N steps")
     parser.add_argument(
         "--num_eval_problems", type=int, default=200, help="held-out problems evaluated at the end (0: none)"
     )
     args = vars(parser.parse_args(argv))
-    output_dir = build_toy_checkpoint(**args)
+    config = PretrainConfig(**{option.name: args.pop(option.name) for option in fields(PretrainConfig)})
+    output_dir = build_toy_checkpoint(config=config, **args)
     print(f"saved to {output_dir}")
 
 

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import hashlib
 import random
-import re
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..math.data import MATH_INSTRUCTION, math_prompt
+from ..math.reward import extract_boxed_answer
+
 
 # The instruction the paper appends to every problem: the prompt the policy sees during RL.
 INSTRUCTION = MATH_INSTRUCTION
@@ -206,18 +207,9 @@ def write_dapo_layout(path: str | Path, n: int, seed: int = 0, split: str = "tra
     return path
 
 
-_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
-
-
-def boxed_answer(completion: str) -> str | None:
-    """The content of the last `\\boxed{...}` in `completion` (no nested braces), or None."""
-    found = _BOXED.findall(completion)
-    return found[-1].strip() if found else None
-
-
 def is_correct(completion: str, answer: int | str) -> bool:
     """Exact match of the last boxed answer with `answer`: a quick check for measuring, not the RL reward."""
-    return boxed_answer(completion) == str(answer).strip()
+    return extract_boxed_answer(completion) == str(answer).strip()
 
 
 def _check_split(split: str) -> None:

@@ -5,6 +5,7 @@ import string
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
+
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHARACTERS = list(string.printable.replace("\x0b", "").replace("\x0c", "").replace("\r", ""))
 
