@@ -1,8 +1,8 @@
 """The program that runs inside the sandbox: isolates itself, then runs one untrusted program on each input.
 
-`stapo_trl.code.sandbox.LocalSandbox` starts it as ``python -I sandbox_harness.py JOB_FILE`` in a bounded process
-(`stapo_trl.processes`) whose working directory is the program's temporary directory. It imports the standard
-library only. Everything it prints on its standard output is one JSON object per line:
+`stapo_trl.code.sandbox.LocalSandbox` starts it as ``python -I -S sandbox_harness.py JOB_FILE`` in a bounded
+process (`stapo_trl.processes`) whose working directory is the program's temporary directory. It imports the
+standard library only. Everything it prints on its standard output is one JSON object per line:
 
 - first ``{"protections": [...], "missing": {name: reason}}``: the isolation that is in place;
 - then one ``{"status": ..., "output": ..., "detail": ...}`` per input, in order, until an input ends in anything
