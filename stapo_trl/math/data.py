@@ -32,6 +32,7 @@ import os
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -243,20 +244,16 @@ def _load(
 
     Every local path is checked before anything is read.
     """
-    readers: list[tuple[Callable[[], Dataset], str, str]] = []  # (read, label, default data source)
+    readers: list[tuple[str, str, Callable[[], Dataset]]] = []  # (label, default data source, read)
     for source in sources:
         if allow_hub and _is_hub_id(source):
-            readers.append(
-                (lambda hub_id=str(source): _read_hub(hub_id, split), f"{source} (split {split!r})", source)
-            )
+            readers.append((f"{source} (split {split!r})", str(source), partial(_read_hub, str(source), split)))
         else:
-            readers += [
-                (lambda file=file: _read_local(file), str(file), file.stem) for file in _local_files(source, suffixes)
-            ]
+            readers += [(str(file), file.stem, partial(_read_local, file)) for file in _local_files(source, suffixes)]
     rows = pd.concat(
-        [_rows(read(), label, layout, default, drop_invalid) for read, label, default in readers], ignore_index=True
+        [_rows(read(), label, layout, default, drop_invalid) for label, default, read in readers], ignore_index=True
     )
-    sources_label = ", ".join(label for _, label, _ in readers)
+    sources_label = ", ".join(label for label, _, _ in readers)
     invalid = rows["error"].notna()
     if invalid.any():
         logger.warning(

@@ -76,7 +76,7 @@ def toy_dataset_files(
     Returns `{"train": path, "heldout": path}`; the two sets are disjoint (see `stapo_trl.toy.problems`). Files go
     to `<cache_dir>/toy-data-<TOY_VERSION>/` (default cache: `default_cache_dir()`) and are named after their size,
     seed and `layout_fingerprint()`; existing files are reused, since they are deterministic. Load them with
-    `stapo_trl.data.load_dapo_math(path)`.
+    `stapo_trl.math.data.load_dapo_math(path)`.
     """
     from .problems import layout_fingerprint, write_dapo_layout
 
