@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from stapo_trl.cli import parse_args
+from stapo_trl.cli import check_before_loading, parse_args
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -94,3 +94,19 @@ def test_the_code_recipe_trains_as_the_math_recipe_of_the_same_model(method):
         1024,
         5.0,
     )
+
+
+@pytest.mark.slow
+def test_the_code_recipe_trains_one_step_on_the_toy_model(tmp_path):
+    """The recipe as shipped, with only what a CPU and the toy model need changed: one optimizer step, saved."""
+    train_code = load_script("train_code")
+    cpu_overrides = ["--model_name_or_path", "toy", "--dataset_name", "toy", "--keep_system_prompt", "false",
+                     "--max_prompt_length", "480", "--use_vllm", "false", "--bf16", "false", "--use_cpu", "true",
+                     "--max_completion_length", "32", "--max_steps", "1", "--output_dir", str(tmp_path)]  # fmt: skip
+    recipe = ROOT / "examples" / "recipes" / "Qwen3-1.7B-Base" / "code.yaml"
+    script_args, args, model_args = parse_args(train_code.SCRIPT, ["--config", str(recipe), *cpu_overrides])
+    check_before_loading(script_args, args, model_args)
+    train_code.main(script_args, args, model_args)
+    assert json.loads((tmp_path / "results.json").read_text())["steps"] == 1
+    history = json.loads((tmp_path / "trainer_state.json").read_text())["log_history"]
+    assert any("rewards/code_reward/mean" in entry for entry in history)
