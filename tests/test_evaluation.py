@@ -2,10 +2,10 @@
 
 import os
 
+
 os.environ["HF_HUB_OFFLINE"] = "1"
 
 import contextlib  # noqa: E402
-import importlib.util  # noqa: E402
 import json  # noqa: E402
 import shutil  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -31,6 +31,7 @@ from stapo_trl.evaluation import (  # noqa: E402
     parse_preset,
     regrade,
 )
+
 
 MATH_EVAL_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "math_eval"
 needs_files = pytest.mark.skipif(not MATH_EVAL_DIR.is_dir(), reason=f"{MATH_EVAL_DIR} is absent")
@@ -201,7 +202,7 @@ def test_resume_after_interruption_matches_the_uninterrupted_run(full_run, model
     summary = evaluate(model_dir, small_config(output_dir))
     assert sum(generated) == NUM_SMALL_SAMPLES - kept  # only the missing samples, the torn one included
     assert summary == full_summary
-    key = evaluation._key
+    key = evaluation.store.sample_key
     assert sorted(records_of(output_dir), key=key) == sorted(records_of(full_dir), key=key)  # same completions
 
     generated.clear()
@@ -223,7 +224,7 @@ def test_regrade_recomputes_the_summary_without_generating(full_run, tmp_path, m
     def no_generation(*args, **kwargs):
         raise AssertionError("regrade must not generate")
 
-    monkeypatch.setattr(evaluation, "make_backend", no_generation)
+    monkeypatch.setattr(evaluation.run, "make_backend", no_generation)
     assert regrade(output_dir) == full_summary
     assert records_of(output_dir) == records_of(full_dir)
 
@@ -328,16 +329,29 @@ def test_callback_logs_avg_at_k_every_n_steps(model_dir):
 
 @needs_files
 def test_script_prints_one_table_for_the_stored_runs(full_run, tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location(
-        "evaluate_math", Path(__file__).resolve().parents[1] / "examples" / "evaluate_math.py"
-    )
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    from stapo_trl.evaluation import cli
+
     for name in ("A", "B"):
         shutil.copytree(full_run[0], tmp_path / name)
-    summaries = script.main(["--model", "A=unused", "--model", "B=unused", "--output_dir", str(tmp_path), "--regrade"])
+    summaries = cli.main(["--model", "A=unused", "--model", "B=unused", "--output_dir", str(tmp_path), "--regrade"])
     assert list(summaries) == ["A", "B"]
     table = capsys.readouterr().out
     assert "| A | " in table and "| B | " in table and table.count("| Model |") == 2
     assert (tmp_path / "table.md").read_text() == table.rstrip("\n") + "\n"
-    assert script._num_samples(["8", "AIME24=16"])["AIME24"] == 16
+    assert cli._num_samples(["8", "AIME24=16"], BENCHMARKS)["AIME24"] == 16
+
+
+@pytest.mark.parametrize("name", ["..", ".", "../outside", ".hidden", "a/../../b"])
+def test_a_display_name_never_names_a_directory_outside_the_output_dir(name, tmp_path):
+    from stapo_trl.evaluation import cli, model_output_dir
+
+    output_dir = tmp_path / "out"
+    try:
+        directory = model_output_dir(output_dir, name)
+    except ValueError as error:
+        assert "--model" in str(error)
+        with pytest.raises(ValueError, match="--model"):  # refused before any model is loaded
+            cli.main(["--model", f"{name}=toy", "--output_dir", str(output_dir)])
+    else:
+        assert directory.resolve().parent == output_dir.resolve()
+    assert not (tmp_path / "outside").exists() and not (tmp_path / "b").exists()

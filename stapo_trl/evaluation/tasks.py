@@ -1,0 +1,17 @@
+"""The evaluation tasks by name: ``"math"`` (Table 2) and ``"code"`` (Table 3)."""
+
+from __future__ import annotations
+
+from .math_task import MATH
+from .task import Task
+
+
+TASKS: dict[str, Task] = {MATH.name: MATH}
+
+
+def get_task(task: str | Task) -> Task:
+    if isinstance(task, Task):
+        return task
+    if task not in TASKS:
+        raise ValueError(f"task: unknown {task!r}; use one of {', '.join(TASKS)}")
+    return TASKS[task]
