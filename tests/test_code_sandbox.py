@@ -1,8 +1,11 @@
 """LocalSandbox: hostile programs are contained, nothing is left running, the test process is unharmed."""
 
 import os
+import shutil
+import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -244,3 +247,23 @@ def test_service_sockets_under_run_are_hidden():
     finally:
         listener.close()
         path.unlink()
+
+
+def test_the_sandbox_dies_with_the_trainer(sandbox_dir):
+    trainer_code = (
+        f"import tempfile; tempfile.tempdir = {str(sandbox_dir)!r}\n"
+        "from stapo_trl.code.sandbox import Job, LocalSandbox\n"
+        "list(LocalSandbox().execute(Job('import time\\ntime.sleep(600)', [''], timeout=600)))\n"
+    )
+    trainer = subprocess.Popen([sys.executable, "-c", trainer_code], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while len(harness_processes(str(sandbox_dir))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert harness_processes(str(sandbox_dir)), "the sandbox did not start"
+    finally:
+        os.killpg(trainer.pid, signal.SIGKILL)  # the trainer's group only: the sandbox has its own session
+        trainer.wait()
+    assert_nothing_left_running(str(sandbox_dir))
+    for leftover in sandbox_dir.iterdir():  # a killed trainer cannot delete its sandboxes' (empty) directories
+        shutil.rmtree(leftover)

@@ -46,6 +46,7 @@ logger = logging.getLogger(__name__)
 HARNESS = Path(__file__).with_name("sandbox_harness.py")
 # What programs may import besides the standard library: this interpreter's installed packages.
 _SITE_PACKAGES = [path for path in sys.path if path.endswith(("site-packages", "dist-packages"))]
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # where the harness imports stapo_trl.processes from
 
 #: Statuses of an `Output`. Only ``"ok"`` carries a usable value.
 OK, ERROR, TIMEOUT, OUTPUT_LIMIT, SANDBOX_ERROR = (
@@ -166,24 +167,27 @@ class LocalSandbox:
                         "tmpfs_bytes": self.tmpfs_bytes,
                         "isolate": self.isolate,
                         "site_packages": _SITE_PACKAGES,
+                        "package_root": _PACKAGE_ROOT,
+                        "parent_pid": os.getpid(),
+                        "limits": {  # CPU: every input's allowance (each input's child has its own, smaller limit)
+                            "cpu_seconds": int(len(job.inputs) * (job.timeout + 1)) + 10,
+                            "memory_bytes": self.memory_bytes,
+                            "file_size_bytes": self.file_size_bytes,
+                            "open_files": 256,
+                        },
                     }
                 )
             )
-            # CPU: every input's allowance (each input's child also has its own, smaller limit).
-            cpu_seconds = int(len(job.inputs) * (job.timeout + 1)) + 10
-            process = processes.popen(
-                # -S: no site initialisation (a third of a start's CPU time); the harness adds site-packages itself
+            # Started without forking this (possibly large) process: the harness bounds itself first
+            # (`processes.bound_self`); -S skips site initialisation, a third of a start's CPU time.
+            process = subprocess.Popen(
                 processes.python_command("-S", str(HARNESS), str(job_file)),
-                limits=processes.Limits(
-                    cpu_seconds=cpu_seconds,
-                    memory_bytes=self.memory_bytes,
-                    file_size_bytes=self.file_size_bytes,
-                    open_files=256,
-                ),
                 cwd=workdir,
                 env=_program_env(workdir),
+                stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,
+                start_new_session=True,
             )
             deadline = time.monotonic() + STARTUP_SECONDS + len(job.inputs) * (job.timeout + 1.0)
             frames = _frames(process.stdout, deadline)

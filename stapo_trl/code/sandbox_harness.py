@@ -1,8 +1,8 @@
 """The program that runs inside the sandbox: isolates itself, then runs one untrusted program on each input.
 
-`stapo_trl.code.sandbox.LocalSandbox` starts it as ``python -I -S sandbox_harness.py JOB_FILE`` in a bounded
-process (`stapo_trl.processes`) whose working directory is the program's temporary directory. It imports the
-standard library only. Everything it prints on its standard output is one JSON object per line:
+`stapo_trl.code.sandbox.LocalSandbox` starts it as ``python -I -S sandbox_harness.py JOB_FILE`` in a new session
+whose working directory is the program's temporary directory; it first bounds itself (`stapo_trl.processes.bound_self`:
+death with the trainer, resource limits). Besides that module it imports the standard library only. Everything it prints on its standard output is one JSON object per line:
 
 - first ``{"protections": [...], "missing": {name: reason}}``: the isolation that is in place;
 - then one ``{"status": ..., "output": ..., "detail": ...}`` per input, in order, until an input ends in anything
@@ -377,6 +377,11 @@ def main() -> None:
     with open(job_file) as file:
         job = json.load(file)
     os.unlink(job_file)  # before any untrusted code: the inputs stay in memory only
+    sys.path.append(job["package_root"])
+    from stapo_trl.processes import Limits, bound_self
+
+    sys.path.remove(job["package_root"])
+    bound_self(job["parent_pid"], Limits(**job["limits"]))  # the death signal and limits `popen` would have set
     sys.path.extend(job["site_packages"])  # started with -S: the installed packages, without running .pth files
     workdir = os.getcwd()
     protections, missing, in_pid_namespace = (
