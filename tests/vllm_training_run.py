@@ -7,7 +7,7 @@ IMPORTANCE_SAMPLING_MODE and CLIP_MAX are TRL's vllm_importance_sampling_mode an
 
 Each process writes OUTPUT_DIR/recorded_rank<r>.pt: every training micro-batch as the loss received it, the weights
 the loss was computed with and the loss it returned; process 0 also writes the log history and the final weights.
-TRL leaves RANK/WORLD_SIZE/MASTER_* set and its process group torn down after a vLLM run, so one run per process.
+For a colocated vLLM, TRL sets RANK, WORLD_SIZE and MASTER_* in the environment for good: one run per process.
 """
 
 import json
