@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from .code_task import CODE
 from .math_task import MATH
 from .task import Task
 
 
-TASKS: dict[str, Task] = {MATH.name: MATH}
+TASKS: dict[str, Task] = {MATH.name: MATH, CODE.name: CODE}
 
 
 def get_task(task: str | Task) -> Task:
