@@ -26,7 +26,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 
 import yaml
@@ -178,7 +178,7 @@ def _with_method_name(value, method: str):
 def parse_args(script: TrainingScript, argv: list[str] | None = None):
     """(script_args, training_args, model_args) from the command line; see the module docstring for the rules.
 
-    `--help` prints `help_text` and exits. Errors are `UsageError`s naming the option or recipe key at fault.
+    `--help` prints `print_help` and exits. Errors are `UsageError`s naming the option or recipe key at fault.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     if "-h" in argv or "--help" in argv:
@@ -246,8 +246,6 @@ def _format_options(parser, actions) -> str:
 def print_help(script: TrainingScript, argv: list[str]) -> None:
     """Print what the script does, its common invocations and its own and STAPO's options (before torch and TRL
     are imported, so it shows at once), then TRL's full list of options."""
-    from transformers import HfArgumentParser
-
     try:
         config, method, _ = _pre_parse([token for token in argv if token not in ("-h", "--help")])
         recipe = read_recipe(config or script.offline_recipe)
@@ -257,10 +255,16 @@ def print_help(script: TrainingScript, argv: list[str]) -> None:
     method = method if method in METHODS else recipe.get("method", "stapo")
     recipe = {key: _with_method_name(value, method) for key, value in recipe.items()}
 
-    short = HfArgumentParser(script.arguments, prog=script.prog, add_help=False, usage=argparse.SUPPRESS)
+    # The script's options, listed without importing transformers (HfArgumentParser would pull in torch)
+    short = argparse.ArgumentParser(
+        prog=script.prog, add_help=False, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     short.add_argument("--config", metavar="FILE", help="A YAML recipe of option values (examples/recipes/).")
-    short.set_defaults(**{key: value for key, value in recipe.items() if key != "env"})
-    short.set_defaults(method=method)
+    for option in fields(script.arguments):
+        default = None if option.default is MISSING else option.default
+        default = method if option.name == "method" else recipe.get(option.name, default)
+        choices = option.metadata.get("choices")
+        short.add_argument(f"--{option.name}", default=default, choices=choices, help=option.metadata.get("help"))
     print(f"usage: {script.prog} [--config FILE] [--method METHOD] [--option VALUE ...]\n")
     print(script.description.strip() + "\n")
     print("Common invocations:\n" + "\n".join(f"  {line}" for line in script.examples.strip().splitlines()) + "\n")
@@ -444,9 +448,14 @@ def train_and_save(
 
 
 def quiet_known_warnings() -> None:
-    """Silence the deprecation notice TRL 1.16 triggers inside its own generation code under transformers 5
-    (`model.is_gradient_checkpointing`, once per process); nothing the user can or should change."""
-    warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+    """Silence the deprecation notices TRL 1.16's own generation code triggers under transformers 5
+    (`model.is_gradient_checkpointing`, `gradient_checkpointing_enable/disable`, once per process): nothing the user
+    can or should change."""
+    warnings.filterwarnings(
+        "ignore",
+        message=r"`(is_gradient_checkpointing|gradient_checkpointing_enable|gradient_checkpointing_disable)` is deprecated",
+        category=FutureWarning,
+    )
 
 
 def run(script: TrainingScript, main: Callable, argv: list[str] | None = None) -> None:

@@ -5,12 +5,12 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
 from stapo_trl.output_dir import check_writable, last_complete_checkpoint, prepare_output_dir, resolve_resume
+
 
 TESTS = Path(__file__).resolve().parent
 
