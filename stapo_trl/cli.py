@@ -178,7 +178,7 @@ def _with_method_name(value, method: str):
 def parse_args(script: TrainingScript, argv: list[str] | None = None):
     """(script_args, training_args, model_args) from the command line; see the module docstring for the rules.
 
-    `--help` prints `print_help` and exits. Errors are `UsageError`s naming the option or recipe key at fault.
+    `--help` runs `print_help` and exits. Errors are `UsageError`s naming the option or recipe key at fault.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     if "-h" in argv or "--help" in argv:
@@ -207,7 +207,7 @@ def parse_args(script: TrainingScript, argv: list[str] | None = None):
         if isinstance(error, UsageError):
             raise
         message = str(error)
-        if "bf16" in message:
+        if "support bf16" in message:  # TrainingArguments: "Your setup doesn't support bf16/gpu."
             message = (
                 "bf16: true needs a GPU with bfloat16 support and none was found: pass --bf16 false (with "
                 "--use_cpu true to train on the CPU), or run on a GPU."
