@@ -25,7 +25,6 @@ from stapo_trl.evaluation import (  # noqa: E402
     Preset,
     evaluate,
     grade_completions,
-    load_benchmark,
     markdown_table,
     parse_benchmark,
     parse_preset,
@@ -120,18 +119,6 @@ def test_registry_and_presets_follow_the_paper():
     assert (custom.source, custom.problem_field, custom.num_samples) == ("data/m.jsonl", "question", 8)
     with pytest.raises(ValueError, match="unknown benchmark"):
         parse_benchmark("AIME26")
-
-
-@needs_files
-def test_a_boxed_gold_grades_correct_for_every_problem_of_the_six_files():
-    for name in PAPER_BENCHMARKS:
-        problems = load_benchmark(name, MATH_EVAL_DIR)
-        assert len(set(problems["id"])) == len(problems)
-        golds = problems["solution"]
-        grades = grade_completions([rf"Reasoning... so the answer is \boxed{{{gold}}}" for gold in golds], golds)
-        wrong = [gold for gold, grade in zip(golds, grades) if not grade["correct"]]
-        assert not wrong, f"{name}: {len(wrong)} golds not accepted, e.g. {wrong[:3]}"
-        assert all(grade["extracted_answer"] is not None for grade in grades)
 
 
 def test_grading_uses_the_training_reward_and_falls_back_for_unparseable_golds():

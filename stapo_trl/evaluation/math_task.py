@@ -19,7 +19,7 @@ from datasets import Dataset
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..math.data import MATH_INSTRUCTION, load_math_dataset, load_verl_parquet
-from ..math.reward import extract_boxed_answer, math_reward
+from ..math.reward import extract_boxed_answer, gold_answer, math_reward
 from .benchmarks import Benchmark
 from .generation import generate_completions
 from .task import Task
@@ -130,8 +130,7 @@ def grade_completions(
     for completion, gold, reward in zip(completions, golds, rewards):
         answer = extract_boxed_answer(completion)
         if reward is None:
-            gold_answer = extract_boxed_answer(gold) or gold
-            correct = answer is not None and _normalized(answer) == _normalized(gold_answer)
+            correct = answer is not None and _normalized(answer) == _normalized(gold_answer(gold))
             results.append(
                 {
                     "extracted_answer": answer,

@@ -1,0 +1,58 @@
+"""The six math benchmarks ship with the package: declared as package data, the default source, and the same
+files as the project's reference copies; no user-facing text points anywhere else."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from stapo_trl.evaluation import (
+    BENCHMARKS,
+    PAPER_BENCHMARKS,
+    SHIPPED_BENCHMARKS_DIR,
+    grade_completions,
+    load_benchmark,
+)
+
+
+ROOT = Path(__file__).resolve().parents[1]
+REFERENCE_DIR = ROOT.parent / "shared" / "data" / "math_eval"
+ROWS = {"AIME24": 30, "AIME25": 30, "AMC23": 40, "MATH500": 500, "Minerva": 272, "OlympiadBench": 674}
+
+
+def test_the_six_files_are_package_data_and_the_default_source():
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert '"stapo_trl.math" = ["benchmarks/*.parquet", "benchmarks/SOURCES.md"]' in pyproject
+    assert SHIPPED_BENCHMARKS_DIR == ROOT / "stapo_trl" / "math" / "benchmarks"
+    for name in PAPER_BENCHMARKS:
+        problems = load_benchmark(name)  # no directory, no Hub: the shipped file
+        assert len(problems) == ROWS[name] == len(set(problems["id"]))
+    assert (SHIPPED_BENCHMARKS_DIR / "SOURCES.md").is_file()
+
+
+@pytest.mark.skipif(not REFERENCE_DIR.is_dir(), reason="the reference copies are not beside this checkout")
+def test_the_shipped_files_are_the_reference_copies():
+    for benchmark in BENCHMARKS.values():
+        shipped = (SHIPPED_BENCHMARKS_DIR / benchmark.file).read_bytes()
+        assert shipped == (REFERENCE_DIR / benchmark.file).read_bytes(), benchmark.file
+
+
+def test_a_boxed_gold_grades_correct_for_every_shipped_problem():
+    for name in PAPER_BENCHMARKS:
+        golds = load_benchmark(name)["solution"]
+        grades = grade_completions([rf"Reasoning... so the answer is \boxed{{{gold}}}" for gold in golds], golds)
+        wrong = [gold for gold, grade in zip(golds, grades) if not grade["correct"]]
+        assert not wrong, f"{name}: {len(wrong)} golds not accepted, e.g. {wrong[:3]}"
+
+
+def test_no_user_facing_text_points_to_the_reference_folder():
+    texts = [(ROOT / "docs" / "evaluation.md").read_text(), (SHIPPED_BENCHMARKS_DIR / "SOURCES.md").read_text()]
+    for script in ("evaluate_math.py", "evaluate_code.py"):
+        result = subprocess.run(
+            [sys.executable, str(ROOT / "examples" / script), "--help"], capture_output=True, text=True, timeout=120
+        )
+        assert result.returncode == 0, result.stderr
+        texts.append(result.stdout)
+    texts += [path.read_text() for path in (ROOT / "stapo_trl" / "evaluation").glob("*.py")]
+    assert not [text[:80] for text in texts if "shared/" in text]
