@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stapo_trl.code.sandbox import OK, Executor, Job, Output, default_executor
-from stapo_trl.math.reward import _completion_text as completion_text
+from stapo_trl.completions import completion_text
 
 
 logger = logging.getLogger(__name__)

@@ -114,7 +114,9 @@ def math_reward(
     if not budget > 0:
         raise ValueError(f"time_budget must be a positive number of seconds, got {time_budget}")
     deadline = time.monotonic() + budget
-    answers = [extract_boxed_answer(_completion_text(completion)) for completion in completions]
+    from stapo_trl.completions import completion_text  # here: a verifier process runs this file outside the package
+
+    answers = [extract_boxed_answer(completion_text(completion)) for completion in completions]
     golds = [gold_answer(gold) for gold in solution]
     if len(answers) != len(golds):
         raise ValueError(f"{len(answers)} completions but {len(golds)} solutions")
@@ -222,19 +224,6 @@ def _closing_brace(text: str, opening_brace: int, scan_end: int) -> int | None:
                 return position
         position += 1
     return None
-
-
-def _completion_text(completion) -> str:
-    """The text to judge: a plain completion itself, or the content of a conversation's last assistant message."""
-    if isinstance(completion, str):
-        return completion
-    for message in reversed(completion):
-        if message.get("role") == "assistant":
-            content = message.get("content") or ""
-            if isinstance(content, list):  # content parts: [{"type": "text", "text": ...}, ...]
-                content = "".join(part.get("text") or "" for part in content if part.get("type") == "text")
-            return content
-    return ""
 
 
 # ---------------------------------------------------------------------------------------------------------------
