@@ -172,3 +172,16 @@ def test_a_local_causal_lm_stands_in_for_compassverifier(rule_run, tmp_path, pro
         accepted = sum(record["verifier_verdict"] == "A" for record in negatives)
         assert result["num_verifier_accepted"] == accepted
         assert (result["score_with_verifier"] == result["score"]) == (accepted == 0)
+
+
+def test_the_command_refuses_a_verifier_without_its_prompt_before_loading_a_model(tmp_path, monkeypatch):
+    from stapo_trl.evaluation import cli
+    from stapo_trl.evaluation import run as run_module
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(run_module, "make_backend", no_model)
+    with pytest.raises(ValueError, match="--verifier_prompt"):
+        cli.main(["--model", "toy", "--output_dir", str(tmp_path), "--verifier"])
+    assert not any(tmp_path.iterdir())

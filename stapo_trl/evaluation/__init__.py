@@ -15,6 +15,7 @@ One core and two task definitions:
 
 from .benchmarks import HUB_SOURCE, Benchmark
 from .callback import BenchmarkEvalCallback, reshard_fsdp_modules
+from .code_task import CODE, grade_programs
 from .generation import (
     PRESETS,
     Generation,
@@ -57,6 +58,7 @@ from .tasks import TASKS, get_task
 
 __all__ = [
     "BENCHMARKS",
+    "CODE",
     "DEFAULT_VERIFIER",
     "HUB_SOURCE",
     "KEEP",
@@ -85,6 +87,7 @@ __all__ = [
     "generate_seeded",
     "get_task",
     "grade_completions",
+    "grade_programs",
     "load_benchmark",
     "load_model_for_evaluation",
     "make_backend",
