@@ -140,6 +140,16 @@ def test_html_escaping(nasty_run):
     assert "0.250 < 0.500" in text and "2.500 vs n/a" in text  # H vs τ_h; a missing threshold
 
 
+def test_no_cases_says_what_shows_silenced_tokens(nasty_run):
+    kept_only = [row for row in load_trace(nasty_run) if row["status"] == "kept"]
+    for render in (render_html, render_markdown):
+        text = render(kept_only)
+        assert "No cases." in text
+        assert "--spurious_prob_threshold" in text.replace("\\_", "_")  # the measured advice (Markdown escapes _)
+        assert "1 kept candidate(s)" in text  # the trace has kept candidates: say how to show them
+        assert "kept candidate(s)" not in render(kept_only, status="all")  # shown as cases: no empty state
+
+
 def test_entropy_against_threshold():
     assert format_entropy_vs_threshold(0.3124, 0.53) == "0.312 < 0.530"
     assert format_entropy_vs_threshold(0.0182231, 0.0182228) == "0.018223 > 0.018223"  # digits until they differ

@@ -58,12 +58,13 @@ EXPLANATION = (
     "micro-batch."
 )
 
-# Measured on the offline toy demo (examples/train_math.py, the recipe examples/recipes/toy/stapo_cpu.yaml): see
-# docs/diagnostics.md, "When the report shows no cases".
+# The measured advice: docs/diagnostics.md, "When the report says No cases", has the commands and the figures.
 NO_CASES = (
-    "No cases. S2T silences a token only when several low-probability tokens (P < τ_p) of positive-advantage "
-    "completions fall in one micro-batch and this one has a lower entropy than the others (H < τ_h), which is rare: "
-    "the paper reports about 0.01% of tokens. PLACEHOLDER"
+    "No cases. S2T silences a candidate (P < τ_p, Adv. > 0) only when its entropy is below τ_h, the q-quantile of "
+    "the entropies of its step's candidates, so a lone candidate is never silenced, and at the paper's τ_p = 0.002 "
+    "a small model's steps rarely hold two. On the offline toy demo (examples/train_math.py), 30 steps at "
+    "τ_p = 0.002 traced 7 kept candidates and silenced none; 30 steps with --spurious_prob_threshold 0.02 silenced "
+    "5 tokens, from step 17 on. Raise τ_p or train longer (150 steps at τ_p = 0.002 silenced a few tokens per run)."
 )
 
 
@@ -205,6 +206,11 @@ def _page(summary: TraceSummary, *, title, status, sort, top_tokens, log_history
         "shown": "all statuses" if status == "all" else f"{status} tokens",
         "order": "lowest probability first" if sort == "probability" else "by step",
         "no_cases": NO_CASES,
+        "kept_hint": (
+            f"The trace holds {summary.totals['kept']} kept candidate(s): --status kept (or all) shows them."
+            if status == "silenced" and summary.totals["kept"]
+            else ""
+        ),
     }
 
 
@@ -281,7 +287,7 @@ kept candidates over <strong>{{ steps|length }}</strong> step(s) and {{ ranks }}
 </table>
 </section>
 {% else %}
-<p>{{ no_cases }}</p>
+<p>{{ no_cases }}{% if kept_hint %} {{ kept_hint }}{% endif %}</p>
 {% endfor %}
 </body>
 </html>
@@ -334,7 +340,7 @@ Traced tokens: **{{ totals.silenced }}** silenced and **{{ totals.kept }}** kept
 | {{ case.token }} | {{ case.stats[0] }} | {{ case.stats[1] }} | {{ case.stats[2] }} | {{ case.alternatives|map("first")|map("md")|join(" • ")|safe }} |
 
 {% else %}
-{{ no_cases }}
+{{ no_cases }}{% if kept_hint %} {{ kept_hint }}{% endif +%}
 {% endfor %}
 """
 
