@@ -56,3 +56,13 @@ def test_no_user_facing_text_points_to_the_reference_folder():
         texts.append(result.stdout)
     texts += [path.read_text() for path in (ROOT / "stapo_trl" / "evaluation").glob("*.py")]
     assert not [text[:80] for text in texts if "shared/" in text]
+
+
+def test_grading_a_benchmark_is_not_cut_by_the_training_reward_call_budget(monkeypatch):
+    from stapo_trl.math import reward
+
+    # A training call that ran out of its budget would score the answers it did not reach -1.
+    monkeypatch.setattr(reward, "TIME_BUDGET_SECONDS", 1e-3)
+    golds = list(load_benchmark("AMC23")["solution"])
+    grades = grade_completions([rf"\boxed{{{gold}}}" for gold in golds], golds)
+    assert all(grade["correct"] for grade in grades)

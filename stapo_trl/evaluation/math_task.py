@@ -125,7 +125,10 @@ def grade_completions(
         return []
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="math_reward: row")  # unparseable golds: handled below
-        rewards = math_reward(list(completions), list(golds), verification_timeout=verification_timeout)
+        # A whole benchmark in one call: only each answer is bounded, not the call (its budget is for training).
+        rewards = math_reward(
+            list(completions), list(golds), verification_timeout=verification_timeout, time_budget=math.inf
+        )
     results = []
     for completion, gold, reward in zip(completions, golds, rewards):
         answer = extract_boxed_answer(completion)
