@@ -23,8 +23,8 @@ class STAPOConfig(GRPOConfig):
     silences those whose entropy is below the q-quantile of the candidates' entropies: they leave the loss and the
     normalizer. On top of that, the defaults are the paper's training setting (§5.1, App. 10, the JustRL setting) where
     GRPOConfig differs: DAPO token-level normalization (`loss_type="dapo"`), clip-higher (ε_low 0.2, ε_high 0.28),
-    JustRL's dual-clip c = 10 (`delta=10`), no KL (`beta=0`), constant learning rate 1e-6 after 10 warm-up steps, AdamW weight decay 0.1, gradient clipping 1.0,
-    G = 8 completions per prompt sampled at temperature 1.0 / top-p 1.0.
+    JustRL's dual-clip c = 10 (`delta=10`), no KL (`beta=0`), constant learning rate 1e-6 after 10 warm-up steps,
+    AdamW weight decay 0.1, gradient clipping 1.0, G = 8 completions per prompt sampled at temperature 1.0 / top-p 1.0.
 
     Parameters:
         spurious_prob_threshold (`float`, defaults to `0.002`):
@@ -69,8 +69,8 @@ class STAPOConfig(GRPOConfig):
     spurious_mask_mode: str = field(
         default="low_entropy",
         metadata={
-            "help": "Which candidates to silence: 'low_entropy' (STAPO), 'high_entropy' and 'random' (the paper's Fig. 8 "
-            "ablations), 'all' (JustRL-FullMask), 'none' (plain baseline, same as GRPOTrainer).",
+            "help": "Which candidates to silence: 'low_entropy' (STAPO), 'high_entropy' and 'random' (the paper's "
+            "Fig. 8 ablations), 'all' (JustRL-FullMask), 'none' (plain baseline, same as GRPOTrainer).",
             "choices": list(MASK_MODES),
         },
     )
@@ -88,8 +88,8 @@ class STAPOConfig(GRPOConfig):
     spurious_trace: bool = field(
         default=False,
         metadata={
-            "help": "Write a trace of the silenced tokens (and a sample of kept candidates) with probability, entropy, "
-            "advantage, context and top-k alternatives to <output_dir>/spurious_trace/rank-<i>.jsonl."
+            "help": "Write a trace of the silenced tokens (and a sample of kept candidates) with probability, "
+            "entropy, advantage, context and top-k alternatives to <output_dir>/spurious_trace/rank-<i>.jsonl."
         },
     )
     spurious_trace_max_silenced: int = field(
@@ -185,7 +185,8 @@ class STAPOConfig(GRPOConfig):
         if self.entropy_coef != 0.0 or self.use_adaptive_entropy:
             raise ValueError(
                 "entropy_coef / use_adaptive_entropy (an entropy bonus) is not supported by STAPOTrainer: S2T "
-                "stabilizes entropy without a bonus term (paper §5). Set entropy_coef=0.0 and use_adaptive_entropy=False."
+                "stabilizes entropy without a bonus term (paper §5). Set entropy_coef=0.0 and "
+                "use_adaptive_entropy=False."
             )
         super().__post_init__()
         # After GRPOConfig has resolved steps_per_generation.
