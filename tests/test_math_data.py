@@ -188,6 +188,38 @@ def test_load_dapo_math_deduplicates_many_rows_in_linear_time(tmp_path):
     assert elapsed < 10, f"de-duplicating {problems * repeats} rows took {elapsed:.1f}s"
 
 
+def test_repeated_rows_are_checked_once_and_errors_name_the_first_file_row(tmp_path):
+    def prompt_row(messages, index):
+        return dict(dapo_row(P1, "24", index), prompt=messages)
+
+    user = {"content": DAPO_PREFIX + P1 + DAPO_SUFFIX, "role": "user"}
+    system = dict(user, role="system")  # same text, another role: not the same row
+    rows = [
+        dapo_row(P1, "24", "a"),
+        dapo_row(P1, "24", "b"),
+        dapo_row(P1, "24", "c"),
+        prompt_row([system], "d"),  # the first invalid row, after two repeats of row 0
+        prompt_row([user, user], "e"),
+        prompt_row([system], "f"),
+        dapo_row(P2, "9", "g"),
+    ]
+    path = write_parquet(tmp_path / "dapo.parquet", rows)
+    with pytest.raises(ValueError, match=r"row 3: field 'prompt' must be a list holding one .*\['system'\]"):
+        load_dapo_math(path)
+
+    assert load_dapo_math(path, drop_invalid=True)["id"] == ["a", "g"]
+    every_row = load_dapo_math(path, drop_invalid=True, deduplicate=False)
+    assert every_row["id"] == ["a", "b", "c", "g"]
+    assert every_row["problem"] == [P1, P1, P1, P2]
+
+
+def test_answers_that_only_look_alike_stay_apart(tmp_path):
+    path = write_jsonl(tmp_path / "zeros.jsonl", [{"problem": "Q", "answer": value} for value in (0.0, -0.0, 0.0)])
+    dataset = load_math_dataset(path, deduplicate=True)
+    assert dataset["solution"] == ["0.0", "-0.0"]  # str() of each float, as Python writes them
+    assert dataset["id"] == ["zeros-0", "zeros-1"]
+
+
 def test_load_dapo_math_rejects_a_prompt_that_is_not_one_user_message(tmp_path):
     messages = [{"content": "You are helpful.", "role": "system"}, {"content": P1, "role": "user"}]
     row = dapo_row(P1, "24", "a")
