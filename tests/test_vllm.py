@@ -2,7 +2,7 @@
 
 Every trainer run is a process of its own (tests/vllm_training_run.py): for a colocated vLLM, TRL sets RANK,
 WORLD_SIZE and MASTER_* in the environment and never restores them, and vLLM sets up its own distributed state. On the
-CPU, TRL's weight sync goes through tests/vllm_cpu_weight_sync.py.
+CPU, TRL's weight sync goes through tests/vllm_cpu_weight_sync.py, which keeps TRL's own where vLLM's CPU build allows.
 The model is a tiny Qwen3 with head_dim 64, the smallest vLLM's CPU attention supports.
 
 Where vLLM is not installed (the main test environment) these tests are skipped; the CI job that installs vllm-cpu
@@ -88,6 +88,7 @@ def training_run(model_dir, output_dir, num_processes, importance_sampling_mode,
     output = run_in_own_process(argv, output_dir, f"the {num_processes}-process vLLM run")
     for rank in range(num_processes):
         assert f"rank {rank}: vLLM run done" in output, output[-5000:]
+    assert output.count("weight sync: ") == MAX_STEPS * num_processes, output[-5000:]  # one per generation and process
     recorded = [torch.load(output_dir / f"recorded_rank{rank}.pt") for rank in range(num_processes)]
     return {
         "output_dir": output_dir,
