@@ -221,6 +221,9 @@ def test_loss_equals_eq6_with_vllm_importance_weights(vllm_run, model_dir):
         effects.append(abs(reference - unweighted).item())
     # The weights are not all 1: leaving them out would have failed the comparison above by far more than its tolerance.
     assert max(effects) > 1e-5, effects
+    if vllm_run["mode"] == "sequence_mask":  # C_max = 1: some whole sequences were masked out, others kept
+        weights = torch.cat([r["inputs"]["importance_sampling_ratio"] for rank in vllm_run["recorded"] for r in rank])
+        assert (weights == 0).any() and (weights > 0).any(), weights
 
 
 @pytest.mark.slow
