@@ -26,7 +26,8 @@ TEMPLATE = """\
 # Model Card for {{ model_name }}
 
 {% if base_model %}This model is a fine-tuned version of [{{ base_model }}](https://huggingface.co/{{ base_model }})\
-{% else %}This model was trained from a local checkpoint (`{{ local_base }}`)\
+{% elif local_base %}This model was trained from a local checkpoint (`{{ local_base }}`)\
+{% else %}This model was trained from a model built in memory\
 {% endif %}{% if dataset_link %} on the [{{ dataset_name }}](https://huggingface.co/datasets/{{ dataset_name }}) dataset\
 {% elif dataset_name %} on `{{ dataset_name }}`{% endif %}, with {{ trainer_name }} ({{ paper_title }}) on top of \
 [TRL](https://github.com/huggingface/trl)'s GRPOTrainer.
@@ -142,7 +143,7 @@ def model_card(
         template_str=TEMPLATE,
         model_name=model_name,
         base_model=base_model if on_hub else None,
-        local_base=base_model or "unknown",
+        local_base=base_model,
         dataset_name=dataset_name,
         dataset_link=bool(dataset_name and _HUB_ID.match(dataset_name) and not os.path.exists(dataset_name)),
         hub_model_id=hub_model_id,
