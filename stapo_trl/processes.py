@@ -7,10 +7,15 @@ Every child started here
 - dies with the process that started it (Linux: a parent-death ``SIGKILL``; see `popen` for what that covers);
 - runs under the resource `Limits` it is given, set in the child before the command starts.
 
+No Python code runs between fork and exec (``preexec_fn`` can deadlock a child forked from a process with other
+threads, and makes ``subprocess`` fork rather than ``vfork`` a large trainer): the child binds itself, either through
+this file run as a launcher that then executes the command (`popen`), or as its own first step (`bound_self`).
+
 `run` adds a wall-clock deadline and bounded output capture for one-shot commands.
 """
 
 import ctypes
+import json
 import os
 import resource
 import selectors
@@ -50,7 +55,7 @@ class Limits:
     max_processes: int | None = None
     open_files: int | None = None
 
-    def _rlimits(self) -> list[tuple[int, tuple[int, int]]]:
+    def _rlimits(self) -> list[tuple[int, int, int]]:
         pairs = [
             (
                 resource.RLIMIT_CPU,
@@ -62,7 +67,9 @@ class Limits:
             (resource.RLIMIT_NOFILE, self.open_files),
         ]
         return [
-            (kind, value if isinstance(value, tuple) else (value, value)) for kind, value in pairs if value is not None
+            (kind, *(value if isinstance(value, tuple) else (value, value)))
+            for kind, value in pairs
+            if value is not None
         ]
 
 
@@ -112,9 +119,11 @@ def popen(
     starts in turn is not covered by it: end the group with `kill_group`. On other systems there is no
     parent-death signal.
     """
+    rlimits = json.dumps(limits._rlimits())
+    launcher = [sys.executable, "-I", "-S", __file__, str(os.getpid()), rlimits, *argv]
     starting = _spawner().submit(
         subprocess.Popen,
-        list(argv),
+        launcher,
         cwd=os.path.abspath(os.sep) if cwd is None else cwd,
         env=env,
         pass_fds=tuple(pass_fds),
@@ -122,7 +131,6 @@ def popen(
         stdout=stdout,
         stderr=stderr,
         start_new_session=True,
-        preexec_fn=_child_setup(os.getpid(), limits._rlimits()),
     )
     try:
         return starting.result()
@@ -236,30 +244,24 @@ def run(
 
 
 def bound_self(parent_pid: int, limits: Limits) -> None:
-    """What `popen` does between fork and exec, done by a Python child to itself as its first step.
+    """What `popen`'s launcher does before executing the command, done by a Python child to itself as its first step.
 
-    For a caller that starts many children from a large process (a trainer holding gigabytes): `popen`'s
-    ``preexec_fn`` makes ``subprocess`` fork the caller, which copies its page tables (measured on a 2-core machine:
-    about 55 ms of the caller's CPU and 0.5 s of wall time per start from a process holding 2 GB, against 3 ms
-    without), while a ``subprocess.Popen`` without ``preexec_fn`` uses ``vfork``. Start the child that way, with
-    ``start_new_session=True``, and have it call this with the caller's pid before anything else. Its parent-death
-    signal is tied to the thread that started it: start it from a long-lived thread.
+    For a caller that starts many children and wants no launcher in between: start the child with
+    ``subprocess.Popen(..., start_new_session=True)`` (no ``preexec_fn``, so ``subprocess`` uses ``vfork``) from a
+    long-lived thread (the parent-death signal is tied to the thread that started the child), and have the child call
+    this with the caller's pid before anything else.
     """
-    _child_setup(parent_pid, limits._rlimits())()
+    _bind(parent_pid, limits._rlimits())
 
 
-def _child_setup(parent_pid: int, rlimits: list):
-    """The function the child runs between fork and exec (it must not import, lock or allocate much)."""
-
-    def setup() -> None:
-        if _prctl is not None:
-            _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-            if os.getppid() != parent_pid:  # the parent died before the signal was armed
-                os.kill(os.getpid(), signal.SIGKILL)
-        for kind, soft_and_hard in rlimits:
-            resource.setrlimit(kind, soft_and_hard)
-
-    return setup
+def _bind(parent_pid: int, rlimits: list) -> None:
+    """Arm the parent-death SIGKILL (and die now if the parent is already gone), then set the resource limits."""
+    if _prctl is not None:
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent_pid:  # the parent died before the signal was armed
+            os.kill(os.getpid(), signal.SIGKILL)
+    for kind, soft, hard in rlimits:
+        resource.setrlimit(kind, (soft, hard))
 
 
 _spawner_pid_and_thread: tuple[int, ThreadPoolExecutor] | None = None
@@ -277,3 +279,8 @@ def _spawner() -> ThreadPoolExecutor:
             ThreadPoolExecutor(1, thread_name_prefix="stapo-process-spawner"),
         )
     return _spawner_pid_and_thread[1]
+
+
+if __name__ == "__main__":  # `popen`'s launcher: python -I -S processes.py PARENT_PID RLIMITS COMMAND...
+    _bind(int(sys.argv[1]), json.loads(sys.argv[2]))
+    os.execvp(sys.argv[3], sys.argv[3:])

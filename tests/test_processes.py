@@ -229,3 +229,20 @@ def test_bad_timeout_is_a_caller_error():
     for bad in (0, -1, float("nan")):
         with pytest.raises(ValueError, match="timeout"):
             run(["true"], timeout=bad)
+
+
+def test_no_python_runs_between_fork_and_exec(monkeypatch):
+    # A preexec_fn runs Python in a child forked from a process with other threads, where a lock another thread
+    # held at the fork can never be released: the child, and the popen waiting for it, hang (seen with the verifier).
+    started = []
+    real_popen = subprocess.Popen
+
+    def recording_popen(*args, **kwargs):
+        started.append(kwargs)
+        return real_popen(*args, **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", recording_popen)
+    result = run([sys.executable, "-c", "import resource; print(resource.getrlimit(resource.RLIMIT_AS)[0])"],
+                 timeout=30, limits=Limits(memory_bytes=1 << 30))  # fmt: skip
+    assert [kwargs.get("preexec_fn") for kwargs in started] == [None]
+    assert result.returncode == 0 and int(result.stdout) == 1 << 30  # the limit still reaches the command
