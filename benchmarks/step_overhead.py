@@ -213,7 +213,7 @@ def build_trainers(args, size, tokenizer, device, dtype, output_dir, steps_per_g
         bf16=dtype == torch.bfloat16,
         fp16=False,
         report_to="none",
-        gradient_checkpointing=False,
+        activation_checkpointing=False,
         dataloader_num_workers=0,
         per_device_train_batch_size=args.batch,
         gradient_accumulation_steps=args.accumulation,

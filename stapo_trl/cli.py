@@ -47,9 +47,6 @@ _REPORTER_PACKAGES = {
     "clearml": "clearml",
     "swanlab": "swanlab",
 }
-# TRL's configs default to `gradient_checkpointing=True`, a name transformers 5 deprecates (a FutureWarning per
-# process); the same default under the new name.
-_CHECKPOINTING_DEFAULTS = {"gradient_checkpointing": None, "activation_checkpointing": True}
 
 
 class UsageError(ValueError):
@@ -198,7 +195,7 @@ def parse_args(script: TrainingScript, argv: list[str] | None = None):
 
     parser = _full_parser(script)
     _check_names(parser, recipe, rest, config or script.offline_recipe)
-    parser.set_defaults(**method_config(method), **_CHECKPOINTING_DEFAULTS)
+    parser.set_defaults(**method_config(method))
     parser.set_defaults_with_config(**recipe)
     parser.set_defaults(method=method)
     try:
@@ -278,7 +275,7 @@ def print_help(script: TrainingScript, argv: list[str]) -> None:
     from .config import STAPOConfig
 
     parser = _full_parser(script)
-    parser.set_defaults(**method_config(method), **_CHECKPOINTING_DEFAULTS)
+    parser.set_defaults(**method_config(method))
     parser.set_defaults_with_config(**{key: value for key, value in recipe.items() if key != "env"})
     grpo_fields = {f.name for f in fields(GRPOConfig)}
     stapo_fields = {f.name for f in fields(STAPOConfig)} - grpo_fields

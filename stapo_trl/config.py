@@ -7,6 +7,7 @@ from trl import GRPOConfig
 
 from .s2t import MASK_MODES
 
+
 MASK_SCOPES = ("step", "micro_batch")
 
 # Loss types whose objective is the clipped surrogate of paper Eq. 4/6, a per-token sum that a token mask edits.
@@ -126,6 +127,14 @@ class STAPOConfig(GRPOConfig):
     warmup_steps: float = field(default=10, metadata={"help": "Linear warm-up steps (paper: 10)."})
     weight_decay: float = field(default=0.1, metadata={"help": "AdamW weight decay (paper, JustRL setting: 0.1)."})
     max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm (paper: 1.0)."})
+    # TRL defaults to `gradient_checkpointing=True`, a name transformers 5 deprecates with a FutureWarning on every
+    # config: the same default under its new name, the old one left unset (transformers then mirrors the new one).
+    activation_checkpointing: bool = field(
+        default=True, metadata={"help": "Recompute activations in the backward pass to save memory (TRL's default)."}
+    )
+    gradient_checkpointing: bool | None = field(
+        default=None, metadata={"help": "Deprecated alias of activation_checkpointing (transformers 5)."}
+    )
     num_generations: int | None = field(default=8, metadata={"help": "G, completions sampled per prompt (paper: 8)."})
     temperature: float = field(default=1.0, metadata={"help": "Rollout sampling temperature (paper: 1.0)."})
     top_p: float = field(default=1.0, metadata={"help": "Rollout nucleus sampling top-p (paper: 1.0)."})

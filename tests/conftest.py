@@ -11,7 +11,7 @@ from stapo_trl.toy.model import tiny_qwen3  # noqa: E402
 from stapo_trl.toy.tokenizer import build_tokenizer  # noqa: E402
 
 # CPU settings every test config needs: TRL defaults to bf16, which refuses to start without a GPU.
-CPU_SETTINGS = dict(use_cpu=True, bf16=False, report_to="none", gradient_checkpointing=False, dataloader_num_workers=0)
+CPU_SETTINGS = dict(use_cpu=True, bf16=False, report_to="none", activation_checkpointing=False, dataloader_num_workers=0)
 
 
 def cpu_settings(**overrides) -> dict:

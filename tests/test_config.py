@@ -1,6 +1,7 @@
 """STAPOConfig: the paper's defaults, and every invalid value refused with the field's name."""
 
 import math
+import warnings
 
 import pytest
 from conftest import CPU_SETTINGS
@@ -91,3 +92,11 @@ def test_command_line_help_explains_the_fields():
     assert args.spurious_mask_mode == "random"
     with pytest.raises(SystemExit):
         parser.parse_args_into_dataclasses(["--output_dir", "o", "--spurious_mask_mode", "bogus"])
+
+
+def test_defaults_raise_no_deprecation_notice(tmp_path):
+    # TRL's own default, gradient_checkpointing=True, makes transformers 5 warn on every config it builds.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        config = STAPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False)
+    assert config.activation_checkpointing is True and config.gradient_checkpointing is True  # the alias mirrors it

@@ -174,7 +174,7 @@ def test_accelerate_config_loads(name):
         assert key in launch_dests, f"{name}: {key!r} is not an `accelerate launch` argument"
     if config.fsdp_config:
         assert args.use_fsdp
-        # FSDP's activation checkpointing and the recipes' gradient_checkpointing exclude each other
+        # FSDP's activation checkpointing and the recipes' activation_checkpointing exclude each other
         assert str(config.fsdp_config.get("fsdp_activation_checkpointing", False)).lower() == "false"
 
 
