@@ -107,9 +107,6 @@ def load_problems(source: str, script_args: MathScriptArguments, flag: str):
 def heldout_accuracy(model_path: str, heldout, script_args: MathScriptArguments, training_args) -> float:
     from stapo_trl.evaluation import load_model_for_evaluation, sampled_accuracy
 
-    print(
-        f"Held-out accuracy of {model_path}: {len(heldout)} problems x {script_args.heldout_num_samples} samples ..."
-    )
     model, tokenizer = load_model_for_evaluation(model_path)
     return sampled_accuracy(
         model,
@@ -120,6 +117,7 @@ def heldout_accuracy(model_path: str, heldout, script_args: MathScriptArguments,
         top_p=training_args.top_p,
         max_new_tokens=training_args.max_completion_length,
         seed=training_args.seed,
+        progress=f"Held-out accuracy: {len(heldout)} problems x {script_args.heldout_num_samples} samples",
     )
 
 

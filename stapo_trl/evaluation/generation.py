@@ -206,16 +206,20 @@ def generate_completions(
     max_new_tokens: int = 1024,
     batch_size: int = 64,
     seed: int = 0,
+    progress: str | None = None,
 ) -> list[list[str]]:
     """Sample `num_samples` completions for every conversational prompt with transformers `generate`, batched.
 
     Returns one list of completion texts per prompt. Sample ``j`` of prompt ``i`` is seeded with
     ``sample_seed(seed, i, j)``, so a call is reproducible on one device whatever the batch size, and the global
-    torch RNG is left alone.
+    torch RNG is left alone. `progress`, when given, labels a progress bar over the batches.
     """
+    from tqdm.auto import tqdm
+
     requests = [(prompt, sample_seed(seed, i, j)) for i, prompt in enumerate(prompts) for j in range(num_samples)]
     texts = []
-    for start in range(0, len(requests), batch_size):
+    batch_starts = range(0, len(requests), batch_size)
+    for start in tqdm(batch_starts, desc=progress, unit="batch", disable=progress is None):
         chunk = requests[start : start + batch_size]
         generations = generate_seeded(
             model,
