@@ -440,6 +440,11 @@ def train_and_save(
     if accelerator.is_main_process:
         (Path(args.output_dir) / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     accelerator.print(f"Done in {results['seconds']:.0f} s.")
+    # Free the DDP wrapper (its gradient reducer holds the process group) while every process is still here, then end
+    # the group: a reducer freed at interpreter exit, after the group, can hang a rank in gloo's destructor.
+    accelerator.wait_for_everyone()
+    trainer.model_wrapped = trainer.model
+    accelerator.free_memory()
     trainer.end()
     return results
 
