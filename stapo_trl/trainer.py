@@ -39,8 +39,9 @@ class STAPOTrainer(GRPOTrainer):
     step of each generation batch, when `steps_per_generation > gradient_accumulation_steps`, `num_iterations > 1`
     or vLLM importance sampling makes TRL run it; the fused LM head computes the entropies there anyway), and
     otherwise from a no-grad forward of the step's micro-batches, one at a time, keeping only the per-token
-    log-probabilities and entropies. With `"micro_batch"` each micro-batch decides alone inside its loss (pooled over
-    processes), from the loss's own forward.
+    log-probabilities and entropies. With one micro-batch per optimizer step (`gradient_accumulation_steps=1`) that
+    micro-batch's loss takes the step's decision itself, from its own forward. With `"micro_batch"` each micro-batch
+    decides alone inside its loss (pooled over processes), from the loss's own forward.
 
     Normalization. With `loss_type="dapo"`, a micro-batch's loss is its sum over unsilenced tokens divided by TRL's
     normalizer scaled by the keep ratio (L - S) / L, where L and S count the loss and silenced tokens of the decision's
@@ -199,7 +200,14 @@ class STAPOTrainer(GRPOTrainer):
 
     @property
     def _decides_per_step(self) -> bool:
-        return self.args.spurious_mask_scope == "step" and self.args.spurious_mask_mode != "none"
+        # With one micro-batch per optimizer step, the decision inside its loss (over all processes) is the step's
+        # already: no decision ahead of it, and no extra forward.
+        args = self.args
+        return (
+            args.spurious_mask_scope == "step"
+            and args.spurious_mask_mode != "none"
+            and args.gradient_accumulation_steps > 1
+        )
 
     def _prepare_inputs(self, generation_batch):
         inputs = super()._prepare_inputs(generation_batch)
