@@ -1,4 +1,7 @@
 import os
+import signal
+import subprocess
+
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -9,6 +12,23 @@ from datasets import Dataset  # noqa: E402
 from stapo_trl import STAPOConfig  # noqa: E402
 from stapo_trl.toy.model import tiny_qwen3  # noqa: E402
 from stapo_trl.toy.tokenizer import build_tokenizer  # noqa: E402
+
+
+def run_command(command, *, timeout: float, stderr=subprocess.PIPE, **popen_kwargs) -> subprocess.CompletedProcess:
+    """Run `command` in a new session (its own process group), capturing its text output (stderr=subprocess.STDOUT
+    merges the two); on timeout SIGKILL the whole group, then fail the test with the output's tail. `popen_kwargs`
+    (env, cwd) go to Popen. Launchers and trainers leave children behind otherwise, and a hung child hangs the suite."""
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=True, **popen_kwargs
+    )
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        out, err = process.communicate()
+        pytest.fail(f"{command} timed out after {timeout} s:\n{(out + (err or ''))[-5000:]}")
+    return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+
 
 # CPU settings every test config needs: TRL defaults to bf16, which refuses to start without a GPU.
 CPU_SETTINGS = dict(use_cpu=True, bf16=False, report_to="none", activation_checkpointing=False, dataloader_num_workers=0)

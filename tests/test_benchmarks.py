@@ -6,6 +6,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_command
+
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 ENV = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
@@ -40,10 +42,7 @@ def check_table(script: str, result: subprocess.CompletedProcess) -> None:
 
 @pytest.mark.parametrize("script", ["step_overhead.py", "mask_cost.py"])
 def test_single_process_benchmark_runs(script, tmp_path):
-    result = subprocess.run(
-        [sys.executable, str(BENCHMARKS / script), "--quick"],
-        env=ENV, cwd=tmp_path, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    result = run_command([sys.executable, str(BENCHMARKS / script), "--quick"], timeout=300, env=ENV, cwd=tmp_path)
     check_table(script, result)
 
 
@@ -53,8 +52,6 @@ def test_gather_benchmark_runs_on_two_processes(tmp_path):
         "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29537",
         str(BENCHMARKS / "gather_overhead.py"), "--quick",
     ]  # fmt: skip
-    result = subprocess.run(
-        command, env=dict(ENV, ACCELERATE_USE_CPU="true"), cwd=tmp_path, capture_output=True, text=True, timeout=300
-    )
+    result = run_command(command, timeout=300, env=dict(ENV, ACCELERATE_USE_CPU="true"), cwd=tmp_path)
     check_table("gather_overhead.py", result)
     assert "2 processes" in result.stdout, result.stdout

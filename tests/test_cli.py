@@ -2,12 +2,11 @@
 
 import importlib.util
 import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_command
 
 from stapo_trl.cli import UsageError, check_before_loading
 
@@ -30,19 +29,6 @@ def parse(train_math, *argv):
     from stapo_trl.cli import parse_args
 
     return parse_args(train_math.SCRIPT, list(argv))
-
-
-def run_script(*argv, cwd=ROOT, timeout=300) -> subprocess.CompletedProcess:
-    """The script in its own process group, killed whole on timeout."""
-    process = subprocess.Popen([sys.executable, str(SCRIPT), *argv], cwd=cwd, env=ENV, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
-    try:
-        stdout, stderr = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.communicate()
-        raise
-    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
 
 def test_no_arguments_means_the_offline_recipe(train_math):
@@ -143,7 +129,7 @@ def test_errors_are_one_line_before_any_model_is_loaded(tmp_path):
     ]  # fmt: skip
     for argv, expected in cases:
         argv = argv if "--output_dir" in argv else [*argv, "--output_dir", str(tmp_path / "out")]
-        result = run_script(*argv, cwd=tmp_path)
+        result = run_command([sys.executable, str(SCRIPT), *argv], timeout=300, cwd=tmp_path, env=ENV)
         assert result.returncode == 2, result.stderr[-2000:]
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and expected in lines[0] and lines[0].startswith("examples/train_math.py: error:")
@@ -152,7 +138,7 @@ def test_errors_are_one_line_before_any_model_is_loaded(tmp_path):
 
 @pytest.mark.slow
 def test_help_starts_with_the_script_then_stapo_then_everything():
-    result = run_script("--help")
+    result = run_command([sys.executable, str(SCRIPT), "--help"], timeout=300, cwd=ROOT, env=ENV)
     assert result.returncode == 0, result.stderr[-2000:]
     text = result.stdout
     first = text.index("Common invocations:")

@@ -1,12 +1,11 @@
 """benchmarks/code_reward_throughput.py runs (--quick) and prints its table. No timing checks."""
 
 import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_command
 
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "code_reward_throughput.py"
@@ -25,22 +24,10 @@ COLUMNS = [
 
 @pytest.mark.slow
 def test_throughput_benchmark_runs(tmp_path):
-    process = subprocess.Popen(
-        [sys.executable, str(SCRIPT), "--quick"],
-        cwd=tmp_path,
-        env=dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        stdout, stderr = process.communicate(timeout=300)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.communicate()
-        raise
-    assert process.returncode == 0, stderr[-4000:]
+    result = run_command([sys.executable, str(SCRIPT), "--quick"], timeout=300, cwd=tmp_path,
+                         env=dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1"))  # fmt: skip
+    stdout, stderr = result.stdout, result.stderr
+    assert result.returncode == 0, stderr[-4000:]
     rows = [
         [cell.strip() for cell in line.strip("|").split("|")] for line in stdout.splitlines() if line.startswith("|")
     ]

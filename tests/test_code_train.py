@@ -4,12 +4,11 @@ import dataclasses
 import importlib.util
 import json
 import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_command
 
 from stapo_trl.cli import check_before_loading, parse_args
 
@@ -19,29 +18,11 @@ SCRIPT = ROOT / "examples" / "train_code.py"
 ENV = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
 
 
-def run_script(arguments: list[str], timeout: float) -> subprocess.CompletedProcess:
-    """Run the script in its own session; on timeout its whole process group is killed."""
-    process = subprocess.Popen(
-        [sys.executable, str(SCRIPT), *arguments],
-        env=ENV,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        stdout, stderr = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.communicate()
-        raise
-    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
-
-
 def test_a_malformed_dataset_fails_before_any_model_is_loaded(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"prompt": [{"role": "user", "content": "x"}], "reward_model": {"ground_truth": "{"}}))
-    result = run_script(["--dataset_name", str(bad), "--output_dir", str(tmp_path / "out")], timeout=300)
+    command = [sys.executable, str(SCRIPT), "--dataset_name", str(bad), "--output_dir", str(tmp_path / "out")]
+    result = run_command(command, timeout=300, env=ENV)
     assert result.returncode == 2
     assert "row 0: field 'reward_model.ground_truth'" in result.stderr and "drop_invalid" in result.stderr
     assert "Loading weights" not in result.stderr
@@ -49,7 +30,8 @@ def test_a_malformed_dataset_fails_before_any_model_is_loaded(tmp_path):
 
 @pytest.mark.slow
 def test_trains_offline_on_the_sample_problems(tmp_path):
-    result = run_script(["--max_steps", "2", "--output_dir", str(tmp_path)], timeout=600)
+    command = [sys.executable, str(SCRIPT), "--max_steps", "2", "--output_dir", str(tmp_path)]
+    result = run_command(command, timeout=600, env=ENV)
     assert result.returncode == 0, result.stderr[-4000:]
     assert "Method stapo (1 process)" in result.stdout + result.stderr
     assert json.loads((tmp_path / "results.json").read_text())["steps"] == 2

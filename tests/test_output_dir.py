@@ -2,12 +2,12 @@
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_command
 
 from stapo_trl.output_dir import check_writable, last_complete_checkpoint, prepare_output_dir, resolve_resume
 
@@ -102,14 +102,10 @@ trainer.train()
 def test_a_failed_checkpoint_save_names_the_folder_and_leaves_no_checkpoint(tmp_path):
     output_dir = tmp_path / "run"
     script = SAVE_WITH_A_FULL_DISK.format(tests=str(TESTS), output_dir=str(output_dir))
-    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, start_new_session=True, env=dict(os.environ, HF_HUB_OFFLINE="1"))  # fmt: skip
-    try:
-        output, _ = process.communicate(timeout=300)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        raise
-    assert process.returncode != 0
+    result = run_command([sys.executable, "-c", script], timeout=300, env=dict(os.environ, HF_HUB_OFFLINE="1"),
+                         stderr=subprocess.STDOUT)  # fmt: skip
+    output = result.stdout
+    assert result.returncode != 0
     checkpoint = output_dir / "checkpoint-1"
     assert f"Saving the checkpoint '{checkpoint}' failed" in output, output[-3000:]
     assert "--resume_from_checkpoint latest" in output

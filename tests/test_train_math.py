@@ -2,12 +2,11 @@
 
 import json
 import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_command
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -15,19 +14,6 @@ SCRIPT = ROOT / "examples" / "train_math.py"
 TINY_RUN = ["--max_steps", "2", "--logging_steps", "1", "--heldout_max_problems", "4", "--heldout_num_samples", "1",
             "--per_device_train_batch_size", "16", "--save_strategy", "no"]  # fmt: skip
 ENV = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-
-
-def run(command: list[str], timeout: int = 600) -> subprocess.CompletedProcess:
-    """Run in a new process group and kill the whole group on timeout (launchers leave children otherwise)."""
-    process = subprocess.Popen(command, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True)  # fmt: skip
-    try:
-        stdout, stderr = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.communicate()
-        raise
-    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
 def check_run(output_dir: Path, output: str):
@@ -46,14 +32,14 @@ def check_run(output_dir: Path, output: str):
 
 @pytest.mark.slow
 def test_single_process(tmp_path):
-    result = run([sys.executable, str(SCRIPT), *TINY_RUN, "--output_dir", str(tmp_path)])
+    result = run_command([sys.executable, str(SCRIPT), *TINY_RUN, "--output_dir", str(tmp_path)], timeout=600, env=ENV)
     assert result.returncode == 0, result.stderr[-4000:]
     output = result.stdout + result.stderr
     assert "Method stapo (1 process)" in output
     check_run(tmp_path, output)
     # The same directory again is refused, the run left as it was
     before = (tmp_path / "results.json").read_text()
-    again = run([sys.executable, str(SCRIPT), *TINY_RUN, "--output_dir", str(tmp_path)])
+    again = run_command([sys.executable, str(SCRIPT), *TINY_RUN, "--output_dir", str(tmp_path)], timeout=600, env=ENV)
     assert again.returncode == 2 and "--overwrite_output_dir true" in again.stderr
     assert (tmp_path / "results.json").read_text() == before
 
@@ -66,7 +52,7 @@ def test_two_processes(tmp_path):
         str(SCRIPT), "--config", str(ROOT / "examples/recipes/toy/stapo_cpu.yaml"), *TINY_RUN,
         "--output_dir", str(tmp_path),
     ]  # fmt: skip
-    result = run(command)
+    result = run_command(command, timeout=600, env=ENV)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
     assert "Method stapo (2 processes)" in output
