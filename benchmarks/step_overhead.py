@@ -237,7 +237,7 @@ def build_trainers(args, size, tokenizer, device, dtype, output_dir, steps_per_g
         for f in dataclasses.fields(STAPOConfig)
         if f.name in grpo_fields and f.default != grpo_fields[f.name].default
     }
-    configs["GRPO"] = GRPOConfig(**paper_defaults, **settings)
+    configs["GRPO"] = GRPOConfig(**{**paper_defaults, **settings})
     for name in ("loss_type", "epsilon", "epsilon_high", "delta", "beta", "learning_rate", "max_grad_norm"):
         assert getattr(configs["GRPO"], name) == getattr(configs["STAPO step"], name), name
 
