@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import torch
 
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -101,7 +102,7 @@ def describe_machine(device: torch.device) -> str:
         pass
     load = ""
     if hasattr(os, "getloadavg"):
-        load = " load average %.2f/%.2f/%.2f (1/5/15 min);" % os.getloadavg()
+        load = " load average {:.2f}/{:.2f}/{:.2f} (1/5/15 min);".format(*os.getloadavg())
     text = (
         f"{cpu}; {os.cpu_count()} logical CPUs;{load} torch {torch.__version__}, "
         f"{torch.get_num_threads()} intra-op threads"

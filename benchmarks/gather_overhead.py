@@ -27,9 +27,9 @@ import argparse
 import time
 
 import torch
-
 from _common import describe_machine, markdown_table, summary
 from mask_cost import ENTROPY_QUANTILE, PROB_THRESHOLD, stub_trainer, synthetic_batch
+
 
 COLUMNS = [
     "shape per process",

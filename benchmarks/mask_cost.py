@@ -25,8 +25,8 @@ import collections
 import types
 
 import torch
-
 from _common import describe_machine, markdown_table, peak_memory_bytes, summary, time_call
+
 
 COLUMNS = [
     "shape",

@@ -21,9 +21,9 @@ import argparse
 import math
 
 import torch
+from _common import markdown_table
 from trl.trainer.utils import shuffle_sequence_dict, split_tensor_dict
 
-from _common import markdown_table
 
 # name: (processes, per_device_train_batch_size, gradient_accumulation_steps, steps_per_generation, max length)
 LAYOUTS = {

@@ -44,8 +44,8 @@ import tempfile
 import time
 
 import torch
-
 from _common import describe_machine, markdown_table, peak_memory_bytes, summary, time_call
+
 
 COLUMNS = [
     "model",

@@ -22,6 +22,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+
 HERE = Path(__file__).resolve().parent
 RECIPE = HERE / "recipes" / "toy" / "stapo_cpu.yaml"
 METHODS = ["stapo", "justrl", "justrl_fullmask", "20_entropy", "grpo", "high_entropy_mask", "random_mask"]
@@ -115,7 +116,15 @@ def write_report(runs, args):
     report_dir = Path(args.report_dir)
     report_dir.mkdir(parents=True, exist_ok=True)
     rows = [summarize_run(run_dir) for run_dir in runs]
-    columns = ["method", "seed", "steps", "heldout_accuracy_before", "heldout_accuracy_after", *LOG_SUMMARIES, "seconds"]
+    columns = [
+        "method",
+        "seed",
+        "steps",
+        "heldout_accuracy_before",
+        "heldout_accuracy_after",
+        *LOG_SUMMARIES,
+        "seconds",
+    ]
     with open(report_dir / "runs.csv", "w", newline="") as file:
         writer = csv.DictWriter(file, fieldnames=columns, extrasaction="ignore")
         writer.writeheader()

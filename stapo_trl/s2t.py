@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+
 MASK_MODES = ("low_entropy", "high_entropy", "random", "all", "none")
 
 

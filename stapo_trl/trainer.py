@@ -12,6 +12,7 @@ from .config import STAPOConfig
 from .diagnostics.trace import SpuriousTokenTracer
 from .s2t import masked_quantile, pooled_spurious_token_masks
 
+
 # Entropy quantiles of the loss tokens logged every step, as in the paper's Fig. 5d.
 ENTROPY_QUANTILES = {"p50": 0.5, "p80": 0.8, "p95": 0.95}
 # Inputs besides the token ids that the policy's forward takes (multimodal models), as GRPOTrainer passes them.

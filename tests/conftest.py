@@ -31,7 +31,9 @@ def run_command(command, *, timeout: float, stderr=subprocess.PIPE, **popen_kwar
 
 
 # CPU settings every test config needs: TRL defaults to bf16, which refuses to start without a GPU.
-CPU_SETTINGS = dict(use_cpu=True, bf16=False, report_to="none", activation_checkpointing=False, dataloader_num_workers=0)
+CPU_SETTINGS = dict(
+    use_cpu=True, bf16=False, report_to="none", activation_checkpointing=False, dataloader_num_workers=0
+)
 
 
 def cpu_settings(**overrides) -> dict:

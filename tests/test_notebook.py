@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "stapo_demo.ipynb"
 MISSING = 'executing the notebook needs nbformat, nbclient and ipykernel: pip install -e ".[test]"'
 

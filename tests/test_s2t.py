@@ -7,6 +7,7 @@ import torch
 
 from stapo_trl.s2t import MASK_MODES, masked_quantile, pooled_spurious_token_masks, spurious_token_mask
 
+
 TAU_P = 0.002
 
 

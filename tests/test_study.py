@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from conftest import png_size
 
+
 STUDY = Path(__file__).resolve().parents[1] / "examples" / "study.py"
 
 

@@ -15,6 +15,7 @@ from stapo_trl import STAPOConfig, STAPOTrainer
 from stapo_trl.s2t import spurious_token_mask
 from stapo_trl.toy.model import tiny_qwen3
 
+
 # With a 100-token vocabulary a random model gives most tokens probability ~0.01: τ_p = 0.02 makes candidates common.
 TEST_TAU_P = 0.02
 

@@ -8,6 +8,7 @@ import textwrap
 import trl
 from trl import GRPOTrainer
 
+
 # The fingerprint (below) of GRPOTrainer._compute_loss in trl 1.16.0, the method stapo_trl/trainer.py's override copies.
 EXPECTED_COMPUTE_LOSS_FINGERPRINT = "a0773aa2fda0f039bb971e47960d38b0f17ff46801f71043e1a7f8c000e7205f"
 
