@@ -114,28 +114,8 @@ def build_model(tokenizer, size: str, sequence_length: int, seed: int):
 
 def make_inputs(vocab_size, batch, prompt_length, completion_length, num_generations, device, seed):
     """A micro-batch as GRPOTrainer's `_prepare_inputs` hands it to the loss (single process, on-policy)."""
-    generator = torch.Generator().manual_seed(seed)
-    prompt_ids = torch.randint(3, vocab_size, (batch, prompt_length), generator=generator)
-    completion_ids = torch.randint(3, vocab_size, (batch, completion_length), generator=generator)
-    positions = torch.arange(prompt_length)
-    prompt_lengths = torch.randint(prompt_length // 2, prompt_length + 1, (batch,), generator=generator)
-    prompt_mask = (positions >= prompt_length - prompt_lengths[:, None]).long()  # left padding
-    positions = torch.arange(completion_length)
-    lengths = torch.randint(completion_length // 2, completion_length + 1, (batch,), generator=generator)
-    completion_mask = (positions < lengths[:, None]).long()
-    # GRPO advantages: ±1 rewards normalised within groups of `num_generations` completions
-    rewards = torch.randint(0, 2, (batch,), generator=generator).float() * 2 - 1
-    groups = rewards.view(-1, num_generations)
-    advantages = ((groups - groups.mean(1, keepdim=True)) / (groups.std(1, keepdim=True) + 1e-4)).view(-1)
-    inputs = {
-        "prompt_ids": prompt_ids,
-        "prompt_mask": prompt_mask,
-        "completion_ids": completion_ids,
-        "completion_mask": completion_mask,
-        "advantages": advantages,
-        "num_items_in_batch": completion_mask.sum(),
-    }
-    return {key: value.to(device) for key, value in inputs.items()}
+    inputs = make_generation_batch(vocab_size, batch, prompt_length, completion_length, num_generations, device, seed)
+    return {**inputs, "num_items_in_batch": inputs["completion_mask"].sum()}
 
 
 def make_generation_batch(vocab_size, batch, prompt_length, completion_length, num_generations, device, seed):
