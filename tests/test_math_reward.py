@@ -20,6 +20,7 @@ from pathlib import Path  # noqa: E402
 
 import pyarrow.parquet as pq  # noqa: E402
 import pytest  # noqa: E402
+from conftest import is_gone  # noqa: E402
 
 from stapo_trl.math import reward as rewards  # noqa: E402
 from stapo_trl.math.reward import (  # noqa: E402
@@ -460,15 +461,6 @@ print(reward._verifier_pool().idle[0].process.pid, flush=True)
 while True:
     reward.math_reward([r"\boxed{2^{2^{33}}}"], ["1"], verification_timeout=600, time_budget=600)
 """
-
-
-def is_gone(pid: int) -> bool:
-    """No such process, or only its zombie waiting to be reaped by whoever inherited it."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except FileNotFoundError:
-        return True
 
 
 def test_verifiers_die_with_a_sigkilled_trainer_and_stay_under_their_memory_limit():

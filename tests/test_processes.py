@@ -9,6 +9,7 @@ import threading
 import time
 
 import pytest
+from conftest import is_gone
 
 from stapo_trl.processes import (
     Limits,
@@ -26,15 +27,6 @@ SPAWN_GRANDCHILD = (
     "grandchild = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
     "print(grandchild.pid, flush=True)\n"
 )
-
-
-def is_gone(pid: int) -> bool:
-    """No such process, or only its zombie waiting to be reaped by whoever inherited it."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except FileNotFoundError:
-        return True
 
 
 def wait_until_gone(pid: int, seconds: float = 10.0) -> bool:
