@@ -1,11 +1,11 @@
 """The six math benchmarks ship with the package: declared as package data, the default source, and the same
 files as the project's reference copies; no user-facing text points anywhere else."""
 
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_command
 
 from stapo_trl.evaluation import (
     BENCHMARKS,
@@ -49,9 +49,7 @@ def test_a_boxed_gold_grades_correct_for_every_shipped_problem():
 def test_no_user_facing_text_points_to_the_reference_folder():
     texts = [(ROOT / "docs" / "evaluation.md").read_text(), (SHIPPED_BENCHMARKS_DIR / "SOURCES.md").read_text()]
     for script in ("evaluate_math.py", "evaluate_code.py"):
-        result = subprocess.run(
-            [sys.executable, str(ROOT / "examples" / script), "--help"], capture_output=True, text=True, timeout=120
-        )
+        result = run_command([sys.executable, str(ROOT / "examples" / script), "--help"], timeout=120)
         assert result.returncode == 0, result.stderr
         texts.append(result.stdout)
     texts += [path.read_text() for path in (ROOT / "stapo_trl" / "evaluation").glob("*.py")]
