@@ -107,11 +107,16 @@ def popen(
     stdin=subprocess.DEVNULL,
     stdout=None,
     stderr=None,
+    binds_itself: bool = False,
 ) -> subprocess.Popen:
     """Start `argv` in a new session, under `limits`, in `cwd` (default: the root directory), dying with this process.
 
     `env` ``None`` passes this process's environment on; pass `scrubbed_env` (or any dict) to pass only that.
     Standard streams are as for ``subprocess.Popen``, except that stdin defaults to ``/dev/null``.
+
+    The limits and the death signal are set by a launcher (this file, run by the same interpreter) that then executes
+    `argv`. `binds_itself=True` starts `argv` directly, for a Python child that calls `bound_self` as its first step
+    (one interpreter start less; `limits` then travel with the child's own arguments, not here).
 
     The parent-death ``SIGKILL`` (Linux) fires when this *process* dies, however it dies (``SIGKILL``, OOM killer,
     a crash): the child is started from one long-lived thread, because Linux ties the signal to the thread that
@@ -119,11 +124,13 @@ def popen(
     starts in turn is not covered by it: end the group with `kill_group`. On other systems there is no
     parent-death signal.
     """
-    rlimits = json.dumps(limits._rlimits())
-    launcher = [sys.executable, "-I", "-S", __file__, str(os.getpid()), rlimits, *argv]
+    if binds_itself:
+        command = list(argv)
+    else:
+        command = [sys.executable, "-I", "-S", __file__, str(os.getpid()), json.dumps(limits._rlimits()), *argv]
     starting = _spawner().submit(
         subprocess.Popen,
-        launcher,
+        command,
         cwd=os.path.abspath(os.sep) if cwd is None else cwd,
         env=env,
         pass_fds=tuple(pass_fds),
@@ -247,9 +254,7 @@ def bound_self(parent_pid: int, limits: Limits) -> None:
     """What `popen`'s launcher does before executing the command, done by a Python child to itself as its first step.
 
     For a caller that starts many children and wants no launcher in between: start the child with
-    ``subprocess.Popen(..., start_new_session=True)`` (no ``preexec_fn``, so ``subprocess`` uses ``vfork``) from a
-    long-lived thread (the parent-death signal is tied to the thread that started the child), and have the child call
-    this with the caller's pid before anything else.
+    ``popen(..., binds_itself=True)`` and have it call this with the caller's pid before anything else.
     """
     _bind(parent_pid, limits._rlimits())
 

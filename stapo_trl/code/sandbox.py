@@ -178,16 +178,15 @@ class LocalSandbox:
                     }
                 )
             )
-            # Started without forking this (possibly large) process: the harness bounds itself first
-            # (`processes.bound_self`); -S skips site initialisation, a third of a start's CPU time.
-            process = subprocess.Popen(
+            # The harness bounds itself first (`processes.bound_self`), so no launcher runs before it; -S skips site
+            # initialisation, a third of a start's CPU time.
+            process = processes.popen(
                 processes.python_command("-S", str(HARNESS), str(job_file)),
                 cwd=workdir,
                 env=_program_env(workdir),
-                stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,
-                start_new_session=True,
+                binds_itself=True,
             )
             deadline = time.monotonic() + STARTUP_SECONDS + len(job.inputs) * (job.timeout + 1.0)
             frames = _frames(process.stdout, deadline)
