@@ -8,7 +8,7 @@
 gloo processes on a CPU. Without `ACCELERATE_USE_CPU`, on a machine with 2 GPUs, the same command uses NCCL.)
 
 With more than one process, the entropy threshold τ_h is the quantile of the candidates of *all* processes, so
-`spurious_token_mask` all-gathers the candidates' entropies (`STAPOTrainer._gather_candidate_entropies`: accelerate's
+`spurious_token_mask` all-gathers the candidates' entropies (`STAPOTrainer._gather_entropies`: accelerate's
 `pad_across_processes` then `gather`). Timed per micro-batch-sized synthetic batch of each process (same construction
 as benchmarks/mask_cost.py, a different seed per process), median over `--repeats` calls, all processes released by a
 barrier before every call; a call's time is the slowest process's:
@@ -68,7 +68,7 @@ def main(argv=None):
             "`accelerate launch --multi_gpu --num_processes 2 ...` (ACCELERATE_USE_CPU=true on a CPU)."
         )
     trainer = stub_trainer(accelerator)
-    trainer._gather_candidate_entropies = STAPOTrainer._gather_candidate_entropies.__get__(trainer)
+    trainer._gather_entropies = STAPOTrainer._gather_entropies.__get__(trainer)
 
     def timed(fn):
         accelerator.wait_for_everyone()
@@ -93,7 +93,7 @@ def main(argv=None):
 
         calls = {
             "local": lambda: mask(None),
-            "pooled": lambda: mask(trainer._gather_candidate_entropies),
+            "pooled": lambda: mask(trainer._gather_entropies),
             "total": lambda: STAPOTrainer._spurious_mask_and_log(
                 trainer, None, None, t["per_token_logps"], t["entropies"], t["advantages"], t["loss_mask"], "train"
             ),

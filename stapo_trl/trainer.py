@@ -121,7 +121,7 @@ class STAPOTrainer(GRPOTrainer):
                 top_k=args.spurious_trace_top_k,
             )
 
-    def _gather_candidate_entropies(self, entropies: torch.Tensor) -> torch.Tensor:
+    def _gather_entropies(self, entropies: torch.Tensor) -> torch.Tensor:
         """All-gather a variable-length 1-D tensor of entropies (>= 0) from every process."""
         pad_value = -1e9  # entropies are never negative, so the sentinel cannot collide with a real value
         gathered = self.accelerator.gather(
@@ -155,7 +155,7 @@ class STAPOTrainer(GRPOTrainer):
             entropy_quantile=args.spurious_entropy_quantile,
             mode=args.spurious_mask_mode,
             generator=self._random_mask_generator,
-            gather=self._gather_candidate_entropies if multi_process else None,
+            gather=self._gather_entropies if multi_process else None,
             return_details=True,
         )
         timer.stop()
@@ -163,7 +163,7 @@ class STAPOTrainer(GRPOTrainer):
         values = torch.cat([e.detach().reshape(-1).float() for e in entropies])
         valid = torch.cat([m.reshape(-1).bool() for m in mask])
         if multi_process:
-            values = self._gather_candidate_entropies(values[valid])
+            values = self._gather_entropies(values[valid])
             valid = torch.ones_like(values, dtype=torch.bool)
         quantiles = masked_quantile(values, valid, list(ENTROPY_QUANTILES.values()))
         counts = torch.stack(

@@ -59,7 +59,7 @@ def main():
     kwargs = dict(prob_threshold=TEST_TAU_P, entropy_quantile=0.75)
     mine = spurious_token_mask(
         logps[rows], entropies[rows], local["advantages"], local["completion_mask"],
-        gather=trainer._gather_candidate_entropies, **kwargs,
+        gather=trainer._gather_entropies, **kwargs,
     )  # fmt: skip
     assert torch.equal(mine, whole[rows]), f"rank {rank}: mask differs from the single-process mask"
     alone = spurious_token_mask(logps[rows], entropies[rows], local["advantages"], local["completion_mask"], **kwargs)
