@@ -1,15 +1,20 @@
 """STAPOTrainer: TRL's GRPOTrainer whose loss leaves out the tokens the S2T mask silences (paper Eq. 6)."""
 
+import os
+import shutil
 import textwrap
 import time
 
 import torch
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import get_config_model_id, nanmax, nanmin
 
 from .config import STAPOConfig
 from .diagnostics.trace import SpuriousTokenTracer
+from .model_card import model_card
+from .output_dir import describe_save_failure
 from .s2t import masked_quantile, pooled_spurious_token_masks
 
 
@@ -91,8 +96,6 @@ class STAPOTrainer(GRPOTrainer):
         # FSDP1 + vLLM: TRL's weight sync walks the model as it was before FSDP wrapping, where the parameters of
         # the root FSDP unit (embeddings, final norm, output layer) are not inside any FSDP module, so vLLM would keep
         # their initial values, silently. The FSDP version comes from the config's fsdp_config, else from accelerate.
-        import os
-
         fsdp_version = (args.fsdp_plugin_args or {}).get("fsdp_version")
         if fsdp_version is None and os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true":
             fsdp_version = int(os.environ.get("FSDP_VERSION", "1"))  # accelerate's default version is 1
@@ -420,10 +423,6 @@ class STAPOTrainer(GRPOTrainer):
         `output_dir`, its table (`stapo_trl.model_card`)."""
         if not self.is_world_process_zero():
             return
-        import os
-
-        from .model_card import model_card
-
         tags = [tags] if isinstance(tags, str) else list(tags or [])
         card = model_card(
             self.args,
@@ -440,13 +439,6 @@ class STAPOTrainer(GRPOTrainer):
     def _save_checkpoint(self, model, trial):
         """Trainer's checkpoint save. When it fails (disk full, no permission), the partial `checkpoint-N` folder is
         removed, so that nothing resumes from it, and the error names the folder and the reason."""
-        import os
-        import shutil
-
-        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
-
-        from .output_dir import describe_save_failure
-
         run_dir = self._get_output_dir(trial=trial)
         checkpoint = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
         try:
