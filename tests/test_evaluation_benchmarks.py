@@ -1,6 +1,7 @@
 """The six math benchmarks ship with the package: declared as package data, the default source, and the same
 files as the project's reference copies; no user-facing text points anywhere else."""
 
+import functools
 import sys
 from pathlib import Path
 
@@ -57,10 +58,11 @@ def test_no_user_facing_text_points_to_the_reference_folder():
 
 
 def test_grading_a_benchmark_is_not_cut_by_the_training_reward_call_budget(monkeypatch):
-    from stapo_trl.math import reward
+    from stapo_trl.evaluation import math_task
+    from stapo_trl.math.reward import math_reward
 
     # A training call that ran out of its budget would score the answers it did not reach -1.
-    monkeypatch.setattr(reward, "TIME_BUDGET_SECONDS", 1e-3)
+    monkeypatch.setattr(math_task, "math_reward", functools.partial(math_reward, time_budget=1e-3))
     golds = list(load_benchmark("AMC23")["solution"])
     grades = grade_completions([rf"\boxed{{{gold}}}" for gold in golds], golds)
     assert all(grade["correct"] for grade in grades)

@@ -6,9 +6,12 @@ import os
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 
+import decimal  # noqa: E402
+import functools  # noqa: E402
 import logging  # noqa: E402
 import math  # noqa: E402
 import random  # noqa: E402
+import re  # noqa: E402
 import select  # noqa: E402
 import signal  # noqa: E402
 import subprocess  # noqa: E402
@@ -318,11 +321,11 @@ def test_slow_verification_times_out_to_minus_one(gold, answer, caplog):
     assert math_reward([rf"\boxed{{{gold}}}"], [gold]) == [1.0]
 
 
-def test_module_default_timeout_applies(monkeypatch):
+def test_a_timeout_bound_with_partial_applies():
     gold, answer = SLOW_TO_VERIFY[0]
-    monkeypatch.setattr(rewards, "VERIFICATION_TIMEOUT_SECONDS", 0.5)
+    bound_reward = functools.partial(math_reward, verification_timeout=0.5)
     started = time.monotonic()
-    assert reward(rf"\boxed{{{answer}}}", gold) == -1.0
+    assert bound_reward([rf"\boxed{{{answer}}}"], [gold]) == [-1.0]
     assert time.monotonic() - started < 10.0
 
 
@@ -375,7 +378,7 @@ def test_no_benchmark_gold_would_be_refused_as_an_answer():
 
 @pytest.fixture
 def fresh_pool(monkeypatch):
-    """A pool of its own for the test (so module settings apply to new verifiers), closed afterwards."""
+    """A pool of its own for the test (its verifiers start afresh), closed afterwards."""
     monkeypatch.setattr(rewards, "_pool", None)
     yield
     if rewards._pool is not None:
@@ -400,23 +403,27 @@ def test_a_call_with_a_batch_of_slow_answers_ends_within_its_budget(caplog):
     assert reward(r"\boxed{34}", "34") == 1.0  # the killed verifiers were replaced
 
 
-def test_module_default_budget_applies(monkeypatch):
-    monkeypatch.setattr(rewards, "TIME_BUDGET_SECONDS", 2.0)
+def test_a_budget_bound_with_partial_applies():
+    bound_reward = functools.partial(math_reward, time_budget=2.0, verification_timeout=600)
     started = time.monotonic()
-    assert math_reward(slow_answers(4), ["2"] * 4, verification_timeout=600) == [-1.0] * 4
+    assert bound_reward(slow_answers(4), ["2"] * 4) == [-1.0] * 4
     assert time.monotonic() - started < 2 + 5
 
 
-def test_bad_budget_is_a_caller_error():
+def test_bad_settings_are_caller_errors():
     for bad in (0, -1, float("nan")):
         with pytest.raises(ValueError, match="time_budget"):
             math_reward([r"\boxed{1}"], ["1"], time_budget=bad)
+    for name in ("verifier_processes", "verifier_memory_bytes"):
+        for bad in (0, -1, 1.5, True, "2"):
+            with pytest.raises(ValueError, match=name):
+                math_reward([r"\boxed{1}"], ["1"], **{name: bad})
 
 
-def test_one_prompts_answers_are_spread_over_the_verifiers(monkeypatch, fresh_pool, caplog):
+def test_one_prompts_answers_are_spread_over_the_verifiers(fresh_pool, caplog):
     # Two slow answers to one prompt, 2 s each: judged side by side they both time out within a 5 s budget;
     # judged one after the other (4 s, plus starting a replacement verifier) the budget would cut the second.
-    monkeypatch.setattr(rewards, "VERIFIER_PROCESSES", 2)
+    math_reward = functools.partial(rewards.math_reward, verifier_processes=2)
     assert math_reward([r"\boxed{1}", r"\boxed{2}"], ["1", "2"]) == [1.0, 1.0]  # two verifiers started
     for verifier in rewards._pool.starting:  # one may have done all the work while the other was starting
         assert verifier.connection.poll(120)
@@ -431,15 +438,37 @@ def test_one_prompts_answers_are_spread_over_the_verifiers(monkeypatch, fresh_po
 
 def test_a_verifier_runs_under_its_memory_limit(monkeypatch, fresh_pool, caplog):
     # 2^(2^33) needs a 1 GiB integer: the verifier fails to allocate it, which scores -1 (no timeout involved).
-    monkeypatch.setattr(rewards, "VERIFIER_MEMORY_BYTES", 128 << 20)
-    monkeypatch.setattr(rewards, "VERIFIER_PROCESSES", 1)
     monkeypatch.setattr(rewards, "_writes_too_large_an_integer", lambda answer: False)  # let the verifier try
+    settings = {"verifier_memory_bytes": 128 << 20, "verifier_processes": 1}
     with caplog.at_level(logging.WARNING, logger="stapo_trl.math.reward"):
-        assert reward(r"\boxed{2^{2^{33}}}", "1", verification_timeout=600, time_budget=600) == -1.0
+        assert reward(r"\boxed{2^{2^{33}}}", "1", verification_timeout=600, time_budget=600, **settings) == -1.0
     assert not any("took over" in message for message in caplog.messages)
     (verifier,) = rewards._pool.idle
     assert verifier_memory_kib(verifier.process.pid)["VmPeak"] <= 128 << 10
-    assert reward(r"\boxed{34}", "34") == 1.0
+    assert reward(r"\boxed{34}", "34", **settings) == 1.0
+
+
+def test_a_memory_limit_changed_after_the_first_call_applies(fresh_pool):
+    assert reward(r"\boxed{34}", "34", verifier_processes=1) == 1.0
+    assert [address_space_limit(verifier.process.pid) for verifier in rewards._pool.idle] == [2 << 30]
+    assert reward(r"\boxed{34}", "34", verifier_processes=1, verifier_memory_bytes=256 << 20) == 1.0
+    assert [address_space_limit(verifier.process.pid) for verifier in rewards._pool.idle] == [256 << 20]
+
+
+def address_space_limit(pid: int) -> int:
+    with open(f"/proc/{pid}/limits") as limits:
+        (line,) = [line for line in limits if line.startswith("Max address space")]
+    return int(line.split()[3])
+
+
+def test_verifiers_get_a_scrubbed_environment(monkeypatch, fresh_pool):
+    monkeypatch.setenv("HF_TOKEN", "hf_secret_token")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "aws-secret")
+    assert reward(r"\boxed{34}", "34", verifier_processes=1) == 1.0
+    (verifier,) = rewards._pool.idle
+    with open(f"/proc/{verifier.process.pid}/environ", "rb") as environ:
+        variables = dict(entry.split(b"=", 1) for entry in environ.read().split(b"\0") if entry)
+    assert set(variables) == {b"PATH", b"LC_ALL"}  # processes.scrubbed_env: nothing of the trainer's
 
 
 def verifier_memory_kib(pid: int) -> dict[str, int]:
@@ -452,14 +481,14 @@ def verifier_memory_kib(pid: int) -> dict[str, int]:
 # an answer that needs ever more memory (after failing to allocate, it is sent the answer again).
 TRAINER_LIKE_PARENT = r"""
 import sys
+import functools
 from stapo_trl.math import reward
-reward.VERIFIER_MEMORY_BYTES = int(sys.argv[1])
-reward.VERIFIER_PROCESSES = 1
+math_reward = functools.partial(reward.math_reward, verifier_memory_bytes=int(sys.argv[1]), verifier_processes=1)
 reward._writes_too_large_an_integer = lambda answer: False
-reward.math_reward([r"\boxed{1}"], ["1"])
+math_reward([r"\boxed{1}"], ["1"])
 print(reward._verifier_pool().idle[0].process.pid, flush=True)
 while True:
-    reward.math_reward([r"\boxed{2^{2^{33}}}"], ["1"], verification_timeout=600, time_budget=600)
+    math_reward([r"\boxed{2^{2^{33}}}"], ["1"], verification_timeout=600, time_budget=600)
 """
 
 
@@ -642,3 +671,77 @@ def test_every_benchmark_gold_accepts_itself_and_rejects_a_wrong_number():
         unparseable[name] = {gold for gold, right, wrong in verdicts if right is None and wrong is None}
     assert {name: golds for name, golds in failures.items() if golds} == UNPARSEABLE_GOLDS
     assert {name: golds for name, golds in unparseable.items() if golds} == UNPARSEABLE_GOLDS
+
+
+# --- e-notation: numbers such as 4.5e33 are powers of ten, not Euler's number -----------------------------------
+
+SHIPPED_BENCHMARKS_DIR = REPO_ROOT / "stapo_trl" / "math" / "benchmarks"
+# A number in e-notation, as Python's float() reads it; the whole gold is one (as each of Minerva's are).
+E_NOTATION_GOLD = r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+"
+
+
+def shipped_e_notation_golds() -> dict[str, list[str]]:
+    golds = {}
+    for path in sorted(SHIPPED_BENCHMARKS_DIR.glob("*.parquet")):
+        rows = pq.read_table(path, columns=["reward_model"])["reward_model"].to_pylist()
+        found = [row["ground_truth"].strip() for row in rows if re.fullmatch(E_NOTATION_GOLD, row["ground_truth"])]
+        if found:
+            golds[path.name] = found
+    return golds
+
+
+def in_latex(gold: str, exponent_shift: int = 0) -> str:
+    """An e-notation gold as LaTeX: "4.5e33" -> "4.5 \\times 10^{33}"; `exponent_shift` adds to the exponent."""
+    mantissa, _, exponent = gold.lower().partition("e")
+    return f"{mantissa} \\times 10^{{{int(exponent) + exponent_shift}}}"
+
+
+def euler_reading(gold: str) -> str:
+    """What the gold's notation means to math-verify alone: "4.5e33" -> 4.5·e·33, "1e-8" -> e − 8."""
+    mantissa, _, exponent = gold.lower().partition("e")
+    return f"{mantissa} \\cdot e \\cdot {int(exponent)}" if int(exponent) > 0 else f"{mantissa} e - {-int(exponent)}"
+
+
+def test_every_shipped_e_notation_gold_is_read_as_a_power_of_ten():
+    golds_by_file = shipped_e_notation_golds()
+    assert {name: len(golds) for name, golds in golds_by_file.items()} == {"Minerva.parquet": 58}
+    cases = []  # (completion, gold, expected)
+    for gold in golds_by_file["Minerva.parquet"]:
+        cases += [
+            (rf"\boxed{{{in_latex(gold)}}}", gold, 1.0),
+            (rf"\boxed{{{gold}}}", in_latex(gold), 1.0),  # an answer in e-notation, too
+            (rf"\boxed{{{euler_reading(gold)}}}", gold, -1.0),
+        ]
+    completions, solutions, expected = zip(*cases)
+    got = math_reward(list(completions), list(solutions), time_budget=math.inf)
+    wrong = [(completion, gold, want, have) for (completion, gold, want), have in zip(cases, got) if want != have]
+    assert wrong == []
+
+
+def test_an_e_notation_gold_judges_every_answer_as_the_same_gold_in_latex():
+    golds = shipped_e_notation_golds()["Minerva.parquet"]
+    answers = {
+        "written out in full": [format(decimal.Decimal(gold), "f") for gold in golds],
+        "ten times too large": [in_latex(gold, exponent_shift=1) for gold in golds],
+        "ten times too small": [in_latex(gold, exponent_shift=-1) for gold in golds],
+    }
+    for form, written in answers.items():
+        completions = [rf"\boxed{{{answer}}}" for answer in written]
+        got = math_reward(completions, golds, time_budget=math.inf)
+        assert got == math_reward(completions, [in_latex(gold) for gold in golds], time_budget=math.inf), form
+        print(f"{form}: {got.count(1.0)}/{len(golds)} score +1, as against the golds in LaTeX")
+
+
+@pytest.mark.parametrize(
+    "answer, gold, expected",
+    [
+        (r"\frac{2}{1e3}", "0.002", 1.0),  # the power of ten stays one factor
+        ("-1e-8", r"-1 \times 10^{-8}", 1.0),
+        ("6.02E+23", r"6.02 \times 10^{23}", 1.0),
+        ("2e", r"2 e", 1.0),  # no exponent: Euler's number, as written
+        ("x_1e2", r"x_1e2", 1.0),  # part of a name, left alone
+        ("3e8", r"3 \cdot e \cdot 8", -1.0),
+    ],
+)
+def test_e_notation_in_answers(answer, gold, expected):
+    assert reward(rf"\boxed{{{answer}}}", gold) == expected

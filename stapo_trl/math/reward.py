@@ -8,12 +8,16 @@ as math-verify reads it (`boxed_answers`). It is correct when math-verify finds 
 gold answer (``0.5`` = ``\\frac{1}{2}``).
 
 Answers come from a model in training, so judging them must never raise, never hang and never exhaust the machine.
-Judging happens in persistent verifier processes (fresh, isolated Python interpreters that run only this file,
-under a memory limit, killed if the training process dies; see `stapo_trl.processes`), and the training process
-waits at most `VERIFICATION_TIMEOUT_SECONDS` for each answer and `TIME_BUDGET_SECONDS` for one whole call: an answer
-not judged in time scores -1.0 and the verifier process working on it is killed and replaced. Unlike math-verify's
-own timeouts, which rely on ``signal.alarm`` (main thread only), this works from any thread and in every
-torch.distributed / accelerate process.
+Judging happens in persistent verifier processes, each a fresh Python interpreter running `stapo_trl.math.verifier`
+(under a memory limit, with a scrubbed environment, killed if the training process dies; see `stapo_trl.processes`),
+and the training process waits at most ``verification_timeout`` for each answer and ``time_budget`` for one whole
+call: an answer not judged in time scores -1.0 and the verifier process working on it is killed and replaced. Unlike
+math-verify's own timeouts, which rely on ``signal.alarm`` (main thread only), this works from any thread and in
+every torch.distributed / accelerate process.
+
+The settings are keyword arguments of `math_reward`; to train with others, bind them as open-r1 does:
+``reward_funcs=functools.partial(math_reward, verification_timeout=2.0, verifier_processes=2)`` (TRL names the
+reward after the function it wraps).
 """
 
 import atexit
@@ -25,31 +29,23 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import re
-import signal
 import threading
 import time
 import warnings
 from dataclasses import dataclass
 
+from .. import processes
+from ..completions import completion_text
+from . import verifier as verifier_program
+
 
 logger = logging.getLogger(__name__)
 
-#: Seconds the judging of one answer (parsing it and comparing it with the gold) may take before it scores -1.0;
-#: parsing a gold answer gets the same allowance. Assign a new value to change it for every later call, or pass
-#: ``verification_timeout=`` to `math_reward`.
-VERIFICATION_TIMEOUT_SECONDS = 5.0
-
-#: Seconds one `math_reward` call may take in all; answers not judged by then score -1.0. It bounds the wait of a
-#: training step (and of every other process of a multi-GPU run, which waits for the slowest). Assign a new value
-#: to change it for every later call, or pass ``time_budget=`` to `math_reward`.
-TIME_BUDGET_SECONDS = 60.0
-
-#: Verifier processes each training process runs at most; they judge different answers in parallel.
-VERIFIER_PROCESSES = min(4, os.cpu_count() or 1)
-
-#: Address space of one verifier process (``RLIMIT_AS``). An idle verifier takes about 0.1 GiB; an answer that needs
-#: more than the limit fails to allocate and scores -1.0. Applies to verifier processes started after a change.
-VERIFIER_MEMORY_BYTES = 2 << 30
+# The defaults of `math_reward`'s settings, which its docstring explains.
+_VERIFICATION_TIMEOUT_SECONDS = 5.0
+_TIME_BUDGET_SECONDS = 60.0
+_VERIFIER_PROCESSES = min(4, os.cpu_count() or 1)
+_VERIFIER_MEMORY_BYTES = 2 << 30
 
 #: Longest answer (characters inside its boxes) that is parsed; a longer one scores -1.0. Real answers are short,
 #: and parsing a long stretch of garbage only burns time.
@@ -67,9 +63,6 @@ _PART_SEPARATOR = re.compile(r"\b(?:and|or)\b|,|;")
 
 # A verifier process imports math-verify (sympy, ANTLR) before it says it is ready; a loaded machine is slow.
 _STARTUP_TIMEOUT_SECONDS = 120.0
-_READY = "ready"
-# Runs this file, and only this file, in the new interpreter: see `_VerifierProcess`.
-_VERIFIER_PROGRAM = "import runpy, sys; runpy.run_path(sys.argv[1])['_serve_verifier'](int(sys.argv[2]))"
 
 
 def math_reward(
@@ -77,13 +70,16 @@ def math_reward(
     solution,
     verification_timeout: float | None = None,
     time_budget: float | None = None,
+    verifier_processes: int = _VERIFIER_PROCESSES,
+    verifier_memory_bytes: int = _VERIFIER_MEMORY_BYTES,
     **kwargs,
 ) -> list[float | None]:
     """DAPO's rule-based reward, as used by STAPO: +1.0 for a correct final ``\\boxed{}`` answer, -1.0 otherwise.
 
     A TRL reward function: ``GRPOTrainer`` calls it with ``prompts``, ``completions``, ``completion_ids``,
     ``trainer_state`` and every dataset column; it reads ``completions`` and the ``solution`` column and ignores
-    the rest. No overlong shaping: the length of a completion does not matter.
+    the rest. No overlong shaping: the length of a completion does not matter. The settings (every argument after
+    `solution`) are bound with ``functools.partial`` to train with values other than the defaults.
 
     Args:
         completions: Plain-text completions (``list[str]``) or conversational ones (a list of messages each);
@@ -93,29 +89,35 @@ def math_reward(
             (`gold_answer`).
         verification_timeout: Seconds allowed to judge one distinct answer of one prompt, and to parse one gold
             answer; an answer that takes longer scores -1.0, a gold that takes longer counts as unparseable.
-            Defaults to `VERIFICATION_TIMEOUT_SECONDS` (5 s). The calling process enforces it by killing the
-            verifier process, so it holds on any thread, in any process, whatever sympy is doing.
+            ``None``: 5 s. The calling process enforces it by killing the verifier process, so it holds on any
+            thread, in any process, whatever sympy is doing.
         time_budget: Seconds this call may take in all, starting verifier processes included; answers not judged
-            by then score -1.0 (and a warning is logged). Defaults to `TIME_BUDGET_SECONDS` (60 s), meant for a
-            training batch; grading a whole benchmark in one call wants ``math.inf``, then only each answer is
-            bounded.
+            by then score -1.0 (and a warning is logged). ``None``: 60 s, meant for a training batch; grading a
+            whole benchmark in one call wants ``math.inf``, then only each answer is bounded.
+        verifier_processes: Verifier processes judging different answers in parallel (default: 4, or the number
+            of CPUs when fewer); each training process runs its own.
+        verifier_memory_bytes: Address space of one verifier process (``RLIMIT_AS``, default 2 GiB). An idle
+            verifier takes about 0.1 GiB; an answer that needs more than the limit fails to allocate and scores
+            -1.0. Verifiers started under another limit are replaced.
 
     Returns:
         One reward per completion: 1.0 when math-verify finds the final boxed answer (`boxed_answers`) equivalent
         to the gold; -1.0 when there is no such box, its braces are unbalanced, the answer is longer than
         `MAX_ANSWER_CHARS` or writes an integer of over `MAX_ANSWER_DIGITS` digits, cannot be parsed, is wrong, or
         is not judged in time; ``None`` (left out by TRL) when the gold answer itself cannot be parsed, which is
-        also reported with a warning naming the row.
+        also reported with a warning naming the row. Numbers in e-notation (``4.5e33``, ``1e-8``), in the gold or
+        the answer, are read as powers of ten (`stapo_trl.math.verifier.read_e_notation`).
     """
-    timeout = VERIFICATION_TIMEOUT_SECONDS if verification_timeout is None else float(verification_timeout)
-    budget = TIME_BUDGET_SECONDS if time_budget is None else float(time_budget)
+    timeout = _VERIFICATION_TIMEOUT_SECONDS if verification_timeout is None else float(verification_timeout)
+    budget = _TIME_BUDGET_SECONDS if time_budget is None else float(time_budget)
     if not timeout > 0:
         raise ValueError(f"verification_timeout must be a positive number of seconds, got {verification_timeout}")
     if not budget > 0:
         raise ValueError(f"time_budget must be a positive number of seconds, got {time_budget}")
+    for name, value in (("verifier_processes", verifier_processes), ("verifier_memory_bytes", verifier_memory_bytes)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
     deadline = time.monotonic() + budget
-    from stapo_trl.completions import completion_text  # here: a verifier process runs this file outside the package
-
     answers = [extract_boxed_answer(completion_text(completion)) for completion in completions]
     golds = [gold_answer(gold) for gold in solution]
     if len(answers) != len(golds):
@@ -136,7 +138,8 @@ def math_reward(
             {gold: list(distinct_answers) for gold, distinct_answers in answers_by_gold.items()},
             timeout,
             deadline,
-            VERIFIER_PROCESSES,
+            verifier_processes,
+            verifier_memory_bytes,
         )
 
     rewards = []
@@ -291,22 +294,22 @@ def _factorial_digits(n: int) -> float:
 
 
 class _VerifierProcess:
-    """One persistent verifier: a fresh Python interpreter running `_serve_verifier`, reached over a socket pair.
+    """One persistent verifier: a fresh Python interpreter running `stapo_trl.math.verifier`, reached over a pipe.
 
-    A fresh interpreter (this file run by path, ``python -I`` in the root directory, so no module of the working
+    A fresh interpreter (that file run by path, ``python -I`` in the root directory, so no module of the working
     directory can be imported) rather than ``multiprocessing``: the 'spawn' and 'forkserver' start methods re-import
-    the training script in the child, and importing this module by name imports the ``stapo_trl`` package; 'fork'
-    would copy CUDA and NCCL state. This child imports math-verify only, runs under `VERIFIER_MEMORY_BYTES`, dies
-    with the training process, and inherits nothing from it but its environment variables.
+    the training script in the child, and importing a module of the package by name imports ``stapo_trl``; 'fork'
+    would copy CUDA and NCCL state. This child imports math-verify only, runs under `memory_bytes`, dies with the
+    training process, and inherits nothing from it: its environment is `processes.scrubbed_env` (no tokens).
     """
 
-    def __init__(self):
-        from stapo_trl import processes  # here, not at the top: a verifier process runs this file outside the package
-
+    def __init__(self, memory_bytes: int):
+        self.memory_bytes = memory_bytes
         self.connection, child_end = multiprocessing.Pipe()
         self.process = processes.popen(
-            processes.python_command("-c", _VERIFIER_PROGRAM, os.path.abspath(__file__), str(child_end.fileno())),
-            limits=processes.Limits(memory_bytes=VERIFIER_MEMORY_BYTES),
+            processes.python_command(verifier_program.__file__, str(child_end.fileno())),
+            limits=processes.Limits(memory_bytes=memory_bytes),
+            env=processes.scrubbed_env(),
             pass_fds=[child_end.fileno()],
         )
         child_end.close()
@@ -315,7 +318,7 @@ class _VerifierProcess:
     def take_ready_message(self) -> None:
         """Read its first message, which says it is ready; if it died or lied, the installation is broken."""
         try:
-            ready = self.connection.recv() == _READY
+            ready = self.connection.recv() == verifier_program.READY
         except (EOFError, OSError):
             ready = False
         if not ready:
@@ -326,15 +329,13 @@ class _VerifierProcess:
         self.kill()
         raise RuntimeError(
             "math_reward: a math-verify verifier process did not start (is math-verify installed for this Python? "
-            f"does it fit in VERIFIER_MEMORY_BYTES = {VERIFIER_MEMORY_BYTES}?); its error output, if any, is above."
+            f"does it fit in verifier_memory_bytes = {self.memory_bytes}?); its error output, if any, is above."
         )
 
     def is_alive(self) -> bool:
         return self.process.poll() is None
 
     def kill(self) -> None:
-        from stapo_trl import processes
-
         processes.kill_group(self.process)
         self.connection.close()
 
@@ -354,13 +355,21 @@ class _VerifierPool:
         self.idle: list[_VerifierProcess] = []
         self.starting: list[_VerifierProcess] = []
 
-    def judge(self, answers_by_gold: dict[str, list[str]], timeout: float, deadline: float, max_processes: int):
+    def judge(
+        self,
+        answers_by_gold: dict[str, list[str]],
+        timeout: float,
+        deadline: float,
+        max_processes: int,
+        memory_bytes: int,
+    ):
         """Parse each gold, then judge its answers; return ``{gold: parses}`` and the correct ``(gold, answer)`` pairs.
 
         Each gold, then each ``(gold, answer)`` pair of a gold that parses, is one job, so that one prompt's answers
         are spread over the verifiers. A job must be done within `timeout`, all of them by `deadline` (a monotonic
         time); a verifier that misses either, or dies, is killed, and its answer counts as wrong (its gold as
-        unparseable). Golds not parsed by `deadline` are left out of the returned dict.
+        unparseable). Golds not parsed by `deadline` are left out of the returned dict. The verifiers run under
+        `memory_bytes`; those started under another limit are replaced.
         """
         queue = collections.deque((gold, None) for gold in answers_by_gold)
         running: dict[_VerifierProcess, _Job] = {}
@@ -388,7 +397,7 @@ class _VerifierPool:
 
         try:
             while (queue or running) and time.monotonic() < deadline:
-                self._start_verifiers(min(max_processes, len(running) + len(queue)) - len(running))
+                self._start_verifiers(min(max_processes, len(running) + len(queue)) - len(running), memory_bytes)
                 while queue and self.idle:
                     verifier, (gold, answer) = self.idle.pop(), queue.popleft()
                     running[verifier] = _Job(gold, answer, min(deadline, time.monotonic() + timeout))
@@ -435,13 +444,17 @@ class _VerifierPool:
             )
         return gold_parses, correct_pairs
 
-    def _start_verifiers(self, wanted: int) -> None:
-        """Have `wanted` verifiers idle or starting, dropping dead idle ones and starting new ones (in parallel)."""
-        for verifier in [verifier for verifier in self.idle if not verifier.is_alive()]:
+    def _start_verifiers(self, wanted: int, memory_bytes: int) -> None:
+        """Have `wanted` verifiers idle or starting under `memory_bytes`, dropping dead idle ones and those under
+        another limit, and starting new ones (in parallel). A starting one that dies says so when it should be ready."""
+        for verifier in [v for v in self.idle if v.memory_bytes != memory_bytes or not v.is_alive()]:
             verifier.kill()
             self.idle.remove(verifier)
+        for verifier in [v for v in self.starting if v.memory_bytes != memory_bytes]:
+            verifier.kill()
+            self.starting.remove(verifier)
         for _ in range(wanted - len(self.idle) - len(self.starting)):
-            self.starting.append(_VerifierProcess())
+            self.starting.append(_VerifierProcess(memory_bytes))
 
     def close(self) -> None:
         # A forked child (a DataLoader worker, say) inherits this pool but must not kill its parent's verifiers.
@@ -473,96 +486,3 @@ def _reset_after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_reset_after_fork)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The verifier's side: runs in the verifier process only.
-# ---------------------------------------------------------------------------------------------------------------
-
-
-def _serve_verifier(connection_fd: int) -> None:
-    """Do ``(gold, answer)`` jobs until the calling process hangs up: with no answer, reply whether the gold parses;
-    with one, whether it is equivalent to the gold."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the trainer, which then kills us or hangs up
-    # math-verify warns that its own (signal-based) timeouts are off: the calling process enforces ours.
-    logging.getLogger("math_verify").setLevel(logging.ERROR)
-    connection = multiprocessing.connection.Connection(connection_fd)
-    # Loading sympy's and ANTLR's lazy parts takes about a second, which must not count towards the first answer.
-    _is_equivalent(_parse_gold("\\frac{1}{2}"), "0.5")
-    connection.send(_READY)
-    try:
-        while True:
-            gold, answer = connection.recv()
-            parsed_gold = _parse_gold(gold)
-            if answer is None:
-                connection.send(parsed_gold is not None)
-            else:
-                connection.send(parsed_gold is not None and _is_equivalent(parsed_gold, answer))
-    except (EOFError, OSError):  # the calling process hung up, or died
-        return
-
-
-@functools.lru_cache(maxsize=4096)
-def _parse_gold(gold: str) -> list | None:
-    """The parsed gold, or ``None`` when math-verify finds no mathematical expression in it.
-
-    Cached: the same gold comes with every completion of its prompt, and again whenever the prompt does.
-    """
-    try:
-        parsed = _parse_answer(gold)
-    except Exception:
-        return None
-    return parsed if _has_expression(parsed) else None
-
-
-def _is_equivalent(parsed_gold: list, answer: str) -> bool:
-    from math_verify import verify
-
-    try:
-        return bool(verify(parsed_gold, _parse_answer(answer), timeout_seconds=None))
-    except Exception:  # math-verify catches its own errors; this guards the verifier against anything else
-        return False
-
-
-def _parse_answer(latex: str) -> list:
-    """math-verify's parse of one answer (or gold); retried after `_rewrite_for_parser` if it finds no expression.
-
-    The answer is parsed as the content of a ``\\boxed{}``, so math-verify's LaTeX extraction takes all of it.
-    Its plain-expression extraction is left out: on LaTeX it fails on, it picks a fragment (``-1./3`` -> ``-1``).
-    """
-    from math_verify import LatexExtractionConfig, parse
-
-    def parse_boxed(text: str) -> list:
-        return parse("\\boxed{" + text + "}", extraction_config=[LatexExtractionConfig()], parsing_timeout=None)
-
-    parsed = parse_boxed(latex)
-    if not _has_expression(parsed):
-        rewritten = _rewrite_for_parser(latex)
-        if rewritten != latex and _has_expression(reparsed := parse_boxed(rewritten)):
-            return reparsed
-    return parsed
-
-
-def _has_expression(parsed: list) -> bool:
-    """Whether math-verify parsed a mathematical expression; when it cannot, it returns only the raw text."""
-    return any(not isinstance(expression, str) for expression in parsed)
-
-
-_POINT_ENDING_NUMBER = re.compile(r"(?<=\d)\.(?![\d.])")
-_SUBSCRIPT = re.compile(r"_\{((?:[^{}]|\{[^{}]*\})*)\}")
-
-
-def _rewrite_for_parser(latex: str) -> str:
-    """Rewrite two forms math-verify's LaTeX parser rejects, both met in benchmark golds (Minerva, OlympiadBench).
-
-    A number ending in a point, Python style: ``-1./3`` becomes ``-1/3``. Commands in a subscript, which only names
-    a variable: ``m_{\\max}``, ``L_{\\odot}``, ``x_{\\mathrm{a}}`` become ``m_{max}``, ``L_{odot}``, ``x_{a}``.
-    """
-    without_points = _POINT_ENDING_NUMBER.sub("", latex)
-    return _SUBSCRIPT.sub(lambda subscript: "_{" + _plain_name(subscript.group(1)) + "}", without_points)
-
-
-def _plain_name(subscript: str) -> str:
-    without_wrappers = re.sub(r"\\[a-zA-Z]+(?=\s*\{)", "", subscript)  # \text{max} -> {max}
-    without_backslashes = re.sub(r"\\([a-zA-Z]+)", r"\1", without_wrappers)  # \max -> max
-    return re.sub(r"[{}\s]", "", without_backslashes)
