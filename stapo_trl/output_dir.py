@@ -1,15 +1,25 @@
-"""A run's output directory: never mix two runs in it, find the checkpoint to resume, check it can be written.
+"""A run's output directory: one run at a time in it, never mixed with an earlier run, the checkpoint to resume,
+checked to be writable.
 
 Everything here runs before a model is loaded, so a wrong directory costs seconds rather than a model load and a
 held-out evaluation. A checkpoint is *complete* when it holds `trainer_state.json`: `Trainer._save_checkpoint`
 writes that file last, so a save cut short (a kill, a full disk) leaves a folder without it.
+
+A run holds its directory for its whole life (`hold_output_dir`): a lock file, `LOCK_FILE`, that names the process
+(pid, host, start time) and that the process keeps locked (``flock``) until it exits. The kernel drops the lock when
+the process dies, however it dies, so a lock file nobody holds locked is the stale trace of a run that ended.
 """
 
+import atexit
+import datetime
 import errno
+import fcntl
 import json
+import logging
 import os
 import re
 import shutil
+import socket
 import tempfile
 from pathlib import Path
 
@@ -18,6 +28,11 @@ CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")  # transformers.trainer_u
 TRAINER_STATE = "trainer_state.json"  # transformers.trainer.TRAINER_STATE_NAME
 RESUME_LATEST = ("true", "latest")
 _PROBE_PREFIX = ".stapo-write-check-"  # the writability probe; ignored when looking for an earlier run
+# Held by the run using the directory; ignored when looking for an earlier run. Trainer.push_to_hub uploads the
+# directory without its files named _*: pid and host stay on the machine.
+LOCK_FILE = "_stapo-run.lock"
+
+logger = logging.getLogger(__name__)
 
 
 def checkpoints(output_dir: str | os.PathLike) -> list[Path]:
@@ -74,7 +89,11 @@ def earlier_run(output_dir: str | os.PathLike) -> list[str]:
     folder = Path(output_dir)
     if not folder.is_dir():
         return []
-    return sorted(entry.name for entry in folder.iterdir() if not entry.name.startswith(_PROBE_PREFIX))
+    return sorted(
+        entry.name
+        for entry in folder.iterdir()
+        if not entry.name.startswith(_PROBE_PREFIX) and entry.name != LOCK_FILE
+    )
 
 
 def prepare_output_dir(
@@ -82,11 +101,15 @@ def prepare_output_dir(
 ) -> str | None:
     """Check `output_dir` before training and return the checkpoint to resume from (None: start fresh).
 
-    A non-empty `output_dir` is refused unless the run resumes (`resume_from_checkpoint`: a path, or `true`/`latest`
-    for its last complete checkpoint) or `overwrite` is set; then its `checkpoint-*` folders are deleted first (on
-    the main process), so that the new run's checkpoint rotation cannot mix them with its own. Raises `ValueError`
-    naming the flag that fixes the problem.
+    The main process first takes hold of `output_dir` for the rest of its life (`hold_output_dir`), so that a second
+    run started on it is refused before it reads or deletes anything. A non-empty `output_dir` is refused unless the
+    run resumes (`resume_from_checkpoint`: a path, or `true`/`latest` for its last complete checkpoint) or
+    `overwrite` is set; then its `checkpoint-*` folders are deleted first (on the main process), so that the new
+    run's checkpoint rotation cannot mix them with its own. Raises `ValueError` naming the flag that fixes the
+    problem.
     """
+    if is_main_process:
+        hold_output_dir(output_dir)
     resume = resolve_resume(resume_from_checkpoint, output_dir)
     entries = earlier_run(output_dir)
     if entries and resume is None:
@@ -133,3 +156,126 @@ def describe_save_failure(checkpoint: str | os.PathLike, error: BaseException) -
         "mistaken for a checkpoint; free space (or fix the permission) and rerun with --resume_from_checkpoint latest "
         "to continue from the last complete checkpoint."
     )
+
+
+# ---- the lock of the run using the directory ----------------------------------------------------------------------
+
+_held: dict[Path, tuple[int, int]] = {}  # output directory -> (pid, lock file descriptor) held by this process
+
+
+def hold_output_dir(output_dir: str | os.PathLike) -> None:
+    """Hold `output_dir` for this process until it exits, or raise `ValueError` when a live run holds it.
+
+    Writes `LOCK_FILE` (pid, host, start time) in `output_dir` (created if needed) and keeps it locked with ``flock``;
+    at exit the file is removed, and when the process dies without that, the kernel drops the lock all the same. A
+    lock file that nobody holds locked is left by a run that has ended: it is taken over, with a warning naming that
+    run. On a file system without ``flock``, the recorded pid and host tell instead (a pid on another host cannot be
+    checked, so it counts as live). Holding a directory this process already holds does nothing.
+    """
+    folder = Path(os.path.abspath(output_dir))
+    if _held.get(folder, (None,))[0] == os.getpid():
+        return
+    existed = folder.is_dir()
+    try:
+        os.makedirs(folder, exist_ok=True)
+        descriptor, stale_holder = _lock(folder / LOCK_FILE)
+    except OSError as error:
+        raise ValueError(
+            f"--output_dir '{output_dir}' is not writable ({error.strerror or error}); choose another --output_dir."
+        ) from None
+    if stale_holder is not None:
+        logger.warning(
+            "--output_dir '%s': taking over the lock left by a run that has ended (%s).",
+            output_dir,
+            _describe(stale_holder),
+        )
+    record = {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    os.ftruncate(descriptor, 0)
+    os.pwrite(descriptor, (json.dumps(record) + "\n").encode(), 0)
+    _held[folder] = (os.getpid(), descriptor)
+    atexit.register(_release, folder, remove_folder=not existed)
+
+
+def _lock(path: Path) -> tuple[int, dict | None]:
+    """Lock `path` (created if needed) for this process: its descriptor and, when the file recorded a run that has
+    ended, that run. Raises `ValueError` when a live run holds it."""
+    while True:
+        descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise _in_use(path, _read_holder(descriptor), checked=True) from None
+            except OSError as error:  # no flock on this file system: the recorded pid and host tell
+                if error.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                    raise
+                holder = _read_holder(descriptor)
+                if holder is not None and _may_be_alive(holder):
+                    raise _in_use(path, holder, checked=False) from None
+            try:
+                same_file = os.path.samestat(os.fstat(descriptor), os.stat(path))
+            except FileNotFoundError:
+                same_file = False
+            if same_file:  # not the file of a run that removed it (ending) while we waited for its lock
+                return descriptor, _read_holder(descriptor)
+        except BaseException:
+            os.close(descriptor)
+            raise
+        os.close(descriptor)
+
+
+def _read_holder(descriptor: int) -> dict | None:
+    """The run a lock file records, or None when it is empty or unreadable (a run cut short while writing it)."""
+    try:
+        holder = json.loads(os.pread(descriptor, 4096, 0))
+    except ValueError:
+        return None
+    return holder if isinstance(holder, dict) else None
+
+
+def _may_be_alive(holder: dict) -> bool:
+    if holder.get("host") != socket.gethostname():
+        return True
+    try:
+        os.kill(int(holder.get("pid")), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, TypeError, ValueError):
+        return True
+    return True
+
+
+def _describe(holder: dict | None) -> str:
+    if holder is None:
+        return "its pid and host are not recorded"
+    return f"pid {holder.get('pid')} on host {holder.get('host')}, started {holder.get('started')}"
+
+
+def _in_use(path: Path, holder: dict | None, checked: bool) -> ValueError:
+    """The refusal of a second run; `checked`: the lock is held (else only the recorded pid and host tell)."""
+    hint = "" if checked else f" If that run has ended, delete {path}."
+    return ValueError(
+        f"--output_dir '{path.parent}' is in use by a run that is still going ({_describe(holder)}): two runs in one "
+        f"folder would overwrite each other's checkpoints. Wait for it to end, or choose another --output_dir.{hint}"
+    )
+
+
+def _release(folder: Path, remove_folder: bool) -> None:
+    """Remove this process's lock file of `folder` (then the folder, if the lock created it and it is still empty)."""
+    pid, descriptor = _held.get(folder, (None, None))
+    if pid != os.getpid():  # a forked child inherited the table, not the lock
+        return
+    del _held[folder]
+    path = folder / LOCK_FILE
+    try:
+        if os.path.samestat(os.fstat(descriptor), os.stat(path)):
+            path.unlink()
+        if remove_folder:
+            folder.rmdir()
+    except OSError:
+        pass
+    os.close(descriptor)

@@ -14,7 +14,7 @@ from trl.trainer.utils import get_config_model_id, nanmax, nanmin
 from .config import STAPOConfig
 from .diagnostics.trace import SpuriousTokenTracer
 from .model_card import model_card
-from .output_dir import describe_save_failure
+from .output_dir import describe_save_failure, hold_output_dir
 from .s2t import masked_quantile, pooled_spurious_token_masks
 
 
@@ -107,6 +107,8 @@ class STAPOTrainer(GRPOTrainer):
                 "DeepSpeed ZeRO-3, or use_vllm=False."
             )
         super().__init__(model, reward_funcs, args, *other_args, **kwargs)
+        if self.accelerator.is_main_process:  # one run at a time in output_dir, for this process's life
+            hold_output_dir(args.output_dir)
         self._random_mask_generator = None
         self._captured_forwards = None  # (log-probs, entropies) of TRL's no-grad forwards during a generation
         self._old_forward_step = None  # global step at which TRL's old-log-prob forward last ran

@@ -1,15 +1,28 @@
 """The output directory rules (stapo_trl.output_dir) and STAPOTrainer's failed-save cleanup."""
 
+import errno
 import json
+import logging
 import os
+import select
+import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_command
+from conftest import is_gone, run_command
 
-from stapo_trl.output_dir import check_writable, last_complete_checkpoint, prepare_output_dir, resolve_resume
+from stapo_trl import output_dir as output_dirs
+from stapo_trl.output_dir import (
+    LOCK_FILE,
+    check_writable,
+    hold_output_dir,
+    last_complete_checkpoint,
+    prepare_output_dir,
+    resolve_resume,
+)
 
 
 TESTS = Path(__file__).resolve().parent
@@ -26,7 +39,7 @@ def make_checkpoint(output_dir: Path, step: int, complete: bool = True) -> Path:
 
 def test_a_fresh_or_empty_directory_is_accepted(tmp_path):
     assert prepare_output_dir(tmp_path / "new", None, overwrite=False) is None
-    assert (tmp_path / "new").is_dir() and os.listdir(tmp_path / "new") == []
+    assert (tmp_path / "new").is_dir() and os.listdir(tmp_path / "new") == [LOCK_FILE]  # held by this process
     assert prepare_output_dir(tmp_path / "new", None, overwrite=False) is None
 
 
@@ -45,7 +58,7 @@ def test_overwrite_deletes_the_earlier_checkpoints_only(tmp_path):
     make_checkpoint(tmp_path, 20, complete=False)
     (tmp_path / "notes.txt").write_text("mine")
     assert prepare_output_dir(tmp_path, None, overwrite=True) is None
-    assert sorted(os.listdir(tmp_path)) == ["notes.txt"]
+    assert sorted(os.listdir(tmp_path)) == [LOCK_FILE, "notes.txt"]
 
 
 def test_resume_latest_is_the_last_complete_checkpoint(tmp_path):
@@ -111,3 +124,141 @@ def test_a_failed_checkpoint_save_names_the_folder_and_leaves_no_checkpoint(tmp_
     assert "--resume_from_checkpoint latest" in output
     assert not checkpoint.exists()
     assert last_complete_checkpoint(output_dir) is None
+
+
+# --- one run at a time: the lock ---------------------------------------------------------------------------------
+
+# A run that holds its output directory until its stdin closes (then exits normally), reporting its pid once it holds.
+HOLDER = """
+import os, sys
+from stapo_trl.output_dir import hold_output_dir
+hold_output_dir(sys.argv[1])
+print(os.getpid(), flush=True)
+sys.stdin.read()
+"""
+
+
+class Holder:
+    """Another run (a separate process) holding `output_dir`."""
+
+    def __init__(self, output_dir):
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", HOLDER, str(output_dir)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            start_new_session=True,
+            env=dict(os.environ, PYTHONPATH=str(TESTS.parent)),
+        )
+        assert select.select([self.process.stdout], [], [], 120)[0], "the holder did not start"
+        self.pid = int(self.process.stdout.readline())
+
+    def end(self, how: str) -> None:
+        if how == "normally":
+            self.process.stdin.close()
+        else:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=60)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+        for stream in (self.process.stdin, self.process.stdout):
+            stream.close()
+
+
+def test_a_second_run_on_a_held_directory_is_refused_before_it_deletes_anything(tmp_path):
+    output_dir = tmp_path / "run"
+    with Holder(output_dir) as first_run:
+        make_checkpoint(output_dir, 10)
+        for overwrite in (False, True):
+            with pytest.raises(ValueError) as refused:
+                prepare_output_dir(output_dir, None, overwrite=overwrite)
+            message = str(refused.value)
+            assert "in use by a run that is still going" in message and "another --output_dir" in message
+            assert f"pid {first_run.pid} on host {socket.gethostname()}" in message
+        assert (output_dir / "checkpoint-10" / "trainer_state.json").is_file()
+        assert json.loads((output_dir / LOCK_FILE).read_text())["pid"] == first_run.pid
+        first_run.end("normally")
+    assert not (output_dir / LOCK_FILE).exists()  # released at exit
+    hold_output_dir(output_dir)  # the directory is free again
+    assert json.loads((output_dir / LOCK_FILE).read_text())["pid"] == os.getpid()
+
+
+def test_a_lock_left_by_a_killed_run_is_stale_and_taken_over(tmp_path, caplog):
+    with Holder(tmp_path / "run") as killed_run:
+        killed_run.end("with SIGKILL")
+        assert is_gone(killed_run.pid)
+        assert json.loads((tmp_path / "run" / LOCK_FILE).read_text())["pid"] == killed_run.pid  # left behind
+    with caplog.at_level(logging.WARNING, logger="stapo_trl.output_dir"):
+        hold_output_dir(tmp_path / "run")
+    assert any(f"a run that has ended (pid {killed_run.pid}" in message for message in caplog.messages)
+    assert json.loads((tmp_path / "run" / LOCK_FILE).read_text())["pid"] == os.getpid()
+    hold_output_dir(tmp_path / "run")  # again, in the process that holds it: nothing to do
+
+
+def test_a_folder_made_only_for_the_lock_is_removed_at_exit(tmp_path):
+    with Holder(tmp_path / "made") as run:
+        assert (tmp_path / "made" / LOCK_FILE).is_file()
+        run.end("normally")
+    assert not (tmp_path / "made").exists()
+
+
+def test_without_flock_the_recorded_pid_and_host_tell_a_live_run_from_an_ended_one(tmp_path, monkeypatch):
+    def no_flock(descriptor, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(output_dirs.fcntl, "flock", no_flock)
+    records = {
+        "alive": {"pid": os.getppid(), "host": socket.gethostname(), "started": "2026-01-01T00:00:00+00:00"},
+        "elsewhere": {"pid": 1, "host": socket.gethostname() + "-other", "started": "2026-01-01T00:00:00+00:00"},
+    }
+    for name, record in records.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / LOCK_FILE).write_text(json.dumps(record))
+        with pytest.raises(ValueError, match=f"pid {record['pid']} on host {record['host']},.*delete .*{LOCK_FILE}"):
+            hold_output_dir(tmp_path / name)
+    with Holder(tmp_path / "ended") as ended_run:
+        ended_run.end("with SIGKILL")
+    hold_output_dir(tmp_path / "ended")
+    assert json.loads((tmp_path / "ended" / LOCK_FILE).read_text())["pid"] == os.getpid()
+
+
+def test_the_training_script_refuses_a_held_output_dir_in_one_line(tmp_path):
+    with Holder(tmp_path / "run") as first_run:
+        result = run_command(
+            [sys.executable, str(TESTS.parent / "examples" / "train_math.py"), "--output_dir", str(tmp_path / "run")],
+            timeout=300,
+            env=dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(TESTS.parent)),
+        )
+        assert result.returncode == 2, result.stderr[-3000:]
+        (line,) = result.stderr.strip().splitlines()
+        assert "in use by a run that is still going" in line and f"pid {first_run.pid}" in line
+
+
+def test_the_trainer_holds_its_output_dir(tmp_path, tokenizer, prompt_dataset):
+    from conftest import cpu_config, length_reward
+
+    from stapo_trl import STAPOTrainer
+    from stapo_trl.toy.model import tiny_qwen3
+
+    with Holder(tmp_path / "run") as first_run:
+        with pytest.raises(ValueError, match=f"pid {first_run.pid}"):
+            STAPOTrainer(
+                model=tiny_qwen3(tokenizer),
+                reward_funcs=length_reward,
+                args=cpu_config(tmp_path / "run"),
+                train_dataset=prompt_dataset,
+                processing_class=tokenizer,
+            )
+    STAPOTrainer(
+        model=tiny_qwen3(tokenizer),
+        reward_funcs=length_reward,
+        args=cpu_config(tmp_path / "mine"),
+        train_dataset=prompt_dataset,
+        processing_class=tokenizer,
+    )
+    assert json.loads((tmp_path / "mine" / LOCK_FILE).read_text())["pid"] == os.getpid()
