@@ -29,13 +29,15 @@ from .grading import KEEP, VerifierConfig, apply_verifier, grade_rules
 from .store import (
     SAMPLES_FILE,
     append_records,
+    check_resumable,
+    finished_samples,
     latest,
     read_run,
     read_samples,
     write_run,
     write_samples,
 )
-from .summary import _is_done, summarize
+from .summary import summarize
 from .task import Task
 from .tasks import get_task
 
@@ -163,9 +165,11 @@ class _Request:
 def evaluate(model_path: str, config: EvalConfig) -> dict[str, Any]:
     """Evaluate a model (Hub id, local checkpoint or PEFT adapter directory) as the paper does; resumable.
 
-    Returns the summary (`summarize`), also written to ``summary.json`` and ``summary.md``. Raises `ValueError`
-    when `output_dir` holds samples of another model or generated with another ``max_new_tokens`` / seed /
-    prompt (use another directory, or ``overwrite=True``).
+    Generates the samples of the plan that `output_dir` does not hold finished (`store.finished_samples`: same
+    decoding, no error unless `config.retry_errors` is off). Returns the summary (`summarize`), also written to
+    ``summary.json`` and ``summary.md``. Raises `ValueError` when `output_dir` holds samples of another model or
+    generated with another ``max_new_tokens`` / seed / prompt (`store.check_resumable`; use another directory, or
+    ``overwrite=True``).
     """
     task = get_task(config.task)
     options = config.task_options()
@@ -181,7 +185,7 @@ def evaluate(model_path: str, config: EvalConfig) -> dict[str, Any]:
         "seed": config.seed,
         **task.settings,
     }
-    _check_run_settings(output_dir, settings, config.overwrite)
+    check_resumable(output_dir, settings, config.overwrite)
     problems = {
         benchmark.name: task.load_benchmark(benchmark, config.benchmarks_dir, config.max_problems, options)
         for benchmark in benchmarks
@@ -212,15 +216,14 @@ def evaluate(model_path: str, config: EvalConfig) -> dict[str, Any]:
     }
     write_run(output_dir, run)
 
-    done = latest(read_samples(samples_path, repair=True))
+    finished = finished_samples(output_dir, presets, config.retry_errors)
     requests = []
     for preset in presets:
         for benchmark in benchmarks:
             dataset = problems[benchmark.name]
             for problem_id, prompt, gold in zip(dataset["id"], dataset["prompt"], dataset[task.gold_column]):
                 for index in range(plan["benchmarks"][benchmark.name]["num_samples"]):
-                    record = done.get((benchmark.name, preset.name, problem_id, index))
-                    if record is not None and _is_done(record, preset, config.retry_errors):
+                    if (benchmark.name, preset.name, str(problem_id), index) in finished:
                         continue
                     seed = sample_seed(config.seed, benchmark.name, problem_id, index)
                     requests.append(
@@ -270,18 +273,6 @@ def _free_memory() -> None:
 def _problem_texts(problems) -> dict[tuple[str, str], str]:
     """(benchmark, problem id) -> the question's text, for the model verifier's prompt."""
     return {(name, pid): text for name, data in problems.items() for pid, text in zip(data["id"], data["problem"])}
-
-
-def _check_run_settings(output_dir: Path, settings: dict[str, Any], overwrite: bool) -> None:
-    if overwrite or not (output_dir / SAMPLES_FILE).is_file():
-        return
-    previous = read_run(output_dir).get("settings", {})
-    different = {key: (previous.get(key), value) for key, value in settings.items() if previous.get(key) != value}
-    if different:
-        details = ", ".join(f"{key}: {old!r} there, {new!r} now" for key, (old, new) in different.items())
-        raise ValueError(
-            f"{output_dir} holds samples of another run ({details}). Use another output directory, or overwrite it."
-        )
 
 
 def _run_requests(

@@ -18,6 +18,7 @@ from .store import (
     SAMPLES_FILE,
     SUMMARY_JSON,
     SUMMARY_MD,
+    is_finished,
     latest,
     read_run,
     read_samples,
@@ -70,12 +71,6 @@ def summarize(output_dir: str | os.PathLike) -> dict[str, Any]:
     return summary
 
 
-def _is_done(record: Mapping[str, Any], preset: Preset, retry_errors: bool) -> bool:
-    """Whether a stored record is a finished sample of `preset` (a failed one counts only without retries)."""
-    same_decoding = record.get("temperature") == preset.temperature and record.get("top_p") == preset.top_p
-    return same_decoding and not (retry_errors and record.get("error"))
-
-
 def _benchmark_result(records, name, preset, problem_ids, num_samples, verifier) -> dict[str, Any]:
     rule_scores, verified_scores, lengths = [], [], []
     done = errors = exact_match = truncated = checked = accepted = pending = 0
@@ -83,7 +78,7 @@ def _benchmark_result(records, name, preset, problem_ids, num_samples, verifier)
         rule, verified = [], []
         for index in range(num_samples):
             record = records.get((name, preset.name, problem_id, index))
-            if record is None or not _is_done(record, preset, retry_errors=False):
+            if record is None or not is_finished(record, preset, retry_errors=False):
                 continue
             done += 1
             if record.get("correct") is None:  # failed generation or grading
