@@ -172,7 +172,7 @@ def hold_output_dir(output_dir: str | os.PathLike) -> None:
     run. On a file system without ``flock``, the recorded pid and host tell instead (a pid on another host cannot be
     checked, so it counts as live). Holding a directory this process already holds does nothing.
     """
-    folder = Path(os.path.abspath(output_dir))
+    folder = Path(os.path.realpath(output_dir))
     if _held.get(folder, (None,))[0] == os.getpid():
         return
     existed = folder.is_dir()
