@@ -410,6 +410,22 @@ def test_a_budget_bound_with_partial_applies():
     assert time.monotonic() - started < 2 + 5
 
 
+def test_a_partial_with_settings_is_a_reward_trl_names_math_reward(tokenizer, prompt_dataset, tmp_path):
+    from conftest import cpu_config
+
+    from stapo_trl import STAPOTrainer
+    from stapo_trl.toy.model import tiny_qwen3
+
+    trainer = STAPOTrainer(
+        model=tiny_qwen3(tokenizer),
+        reward_funcs=functools.partial(math_reward, verification_timeout=2.0, verifier_processes=1),
+        args=cpu_config(tmp_path),
+        train_dataset=prompt_dataset,
+        processing_class=tokenizer,
+    )
+    assert trainer.reward_func_names == ["math_reward"]  # logged as rewards/math_reward/mean
+
+
 def test_bad_settings_are_caller_errors():
     for bad in (0, -1, float("nan")):
         with pytest.raises(ValueError, match="time_budget"):
