@@ -59,6 +59,7 @@ BAD_RECORDS = {  # the issue's three, and their kin; each one is appended after 
     "a boolean index": (sample(True, False), '"sample_index" is true, not an integer'),
     "no preset": ({"benchmark": "AMC23", "problem_id": "0", "sample_index": 0}, 'no "preset"'),
     "a list": ([1, 2], "a JSON list, not an object"),
+    "a string temperature": (sample(1, False, temperature="1.0"), '"temperature" is "1.0", not a number'),
 }
 
 

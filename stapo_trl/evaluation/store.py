@@ -51,8 +51,8 @@ SAMPLE_FIELDS: dict[str, tuple[type | None, ...]] = {
     "grading": (str, None),
     "num_tokens": (int, None),
     "finish_reason": (str, None),
-    "temperature": (float, int),
-    "top_p": (float, int),
+    "temperature": (float,),
+    "top_p": (float,),
     "error": (str, None),
     "verifier_verdict": (str, None),
 }
@@ -89,9 +89,9 @@ def _has_type(value: Any, allowed: tuple[type | None, ...]) -> bool:
         return None in allowed
     if isinstance(value, bool):  # JSON true/false, which Python's int would also accept
         return bool in allowed
-    if isinstance(value, int):
-        return int in allowed
-    return any(kind is not None and kind not in (bool, int) and isinstance(value, kind) for kind in allowed)
+    if isinstance(value, int):  # a whole number is a number too
+        return int in allowed or float in allowed
+    return any(kind is not None and isinstance(value, kind) for kind in allowed)
 
 
 def read_samples(path: str | os.PathLike, repair: bool = False) -> list[dict[str, Any]]:
