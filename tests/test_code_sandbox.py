@@ -473,3 +473,85 @@ def test_16_mib_of_invalid_utf8_costs_bounded_memory():
         tracemalloc.stop()
     assert outputs[0].status == "ok" and len(outputs[0].value) == cap and set(outputs[0].value) == {"\ufffd"}
     assert peak < 14 * cap, f"peak {peak / cap:.1f} x the output cap"
+
+
+FORK_COUNT = (
+    "import os, time\n"
+    "count = 0\n"
+    "for _ in range(100):\n"
+    "    try:\n"
+    "        if os.fork() == 0:\n"
+    "            time.sleep(30)\n"
+    "            os._exit(0)\n"
+    "    except OSError:\n"
+    "        break\n"
+    "    count += 1\n"
+    "print(count)\n"
+)
+
+
+@needs_namespaces
+def test_without_a_cgroup_root_is_told_the_bound_is_per_process(monkeypatch):
+    """RLIMIT_NPROC never binds root: the whole-program bound cannot hold there, and the report says so."""
+    monkeypatch.setattr(sandbox_module, "_memory_cgroups", lambda: (None, "none in this test"))
+    sandbox = LocalSandbox(memory_bytes=512 << 20)
+    report = sandbox.isolation()
+    if os.getuid() == 0:
+        assert "none in this test" in report["missing"]["memory bound for the whole program"]
+    else:
+        assert any("memory bound of 536870912 bytes for the whole program" in item for item in report["protections"])
+    # Each process gets 512 MiB / PROCESSES_WITHOUT_CGROUP: one 200 MiB block is too much for any of them.
+    outputs, _ = run("block = bytearray(200 << 20)\nprint('allocated')\n", sandbox)
+    assert outputs[0].status == "error" and "MemoryError" in outputs[0].detail
+
+
+def unprivileged_python() -> list[str] | None:
+    """A command that runs Python with this checkout as uid/gid 65534 (nobody), where this machine allows one."""
+    setpriv = shutil.which("setpriv")
+    if os.getuid() != 0 or setpriv is None or not NAMESPACES:
+        return None
+    for interpreter in dict.fromkeys([sys.executable, "/usr/local/bin/python3", "/usr/bin/python3"]):
+        command = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", interpreter, "-I", "-c"]
+        probe = subprocess.run(  # it can also start itself again, as the sandbox does
+            [*command, "import subprocess, sys; subprocess.run([sys.executable, '-c', ''], check=True)"],
+            capture_output=True,
+            timeout=30,
+        )
+        if probe.returncode == 0:
+            return command
+    return None
+
+
+@pytest.mark.skipif(unprivileged_python() is None, reason="needs root, setpriv and a Python that uid 65534 can run")
+def test_without_a_cgroup_an_unprivileged_program_is_bounded_as_a_whole():
+    """As an ordinary user (no memory cgroup writable: the fallback) the program has 8 processes of 64 MiB at most."""
+    repository = Path(__file__).resolve().parents[1]
+    workspace = tempfile.mkdtemp(dir="/tmp", prefix="stapo-sandbox-test-")
+    os.chmod(workspace, 0o777)
+    trainer = (
+        f"import json, sys, tempfile\n"
+        f"sys.path.insert(0, {str(repository)!r})\n"
+        f"tempfile.tempdir = {workspace!r}\n"
+        "from stapo_trl.code.sandbox import Job, LocalSandbox\n"
+        "sandbox = LocalSandbox(memory_bytes=512 << 20)\n"
+        "results = {'report': sandbox.isolation()}\n"
+        "for name, program in json.loads(sys.argv[1]).items():\n"
+        "    output = list(sandbox.execute(Job(program, [''], timeout=20.0)))[0]\n"
+        "    results[name] = [output.status, output.value, output.detail]\n"
+        "print(json.dumps(results))\n"
+    )
+    programs = json.dumps({"forks": FORK_COUNT, "allocations": FORKED_ALLOCATIONS})
+    try:
+        completed = subprocess.run(
+            [*unprivileged_python(), trainer, programs], capture_output=True, timeout=300, start_new_session=True
+        )
+    finally:
+        shutil.rmtree(workspace, ignore_errors=True)
+    assert completed.returncode == 0, completed.stderr.decode()[-2000:]
+    results = json.loads(completed.stdout.decode().splitlines()[-1])
+    assert results["report"]["missing"] == {}, results["report"]
+    assert any("for the whole program: 8 processes" in item for item in results["report"]["protections"])
+    status, value, _ = results["forks"]
+    assert status == "ok" and 0 < int(value) < 8  # the namespace's first process and the program count too
+    status, value, _ = results["allocations"]
+    assert status != "ok" or int(value) == 0  # no process may hold 200 MiB

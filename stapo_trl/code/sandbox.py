@@ -450,7 +450,9 @@ def _elf_interpreter(path: str) -> str | None:
 
 @functools.lru_cache(maxsize=1)
 def _memory_cgroups() -> tuple[str | None, str]:
-    """The cgroup directory under which this process can create memory cgroups: ``(path, "")`` or ``(None, why)``.
+    """Where this process can create memory cgroups: ``(limit file, "")`` or ``(None, why not)``.
+
+    The limit file is in the parent cgroup's directory: ``memory.max`` (v2) or ``memory.limit_in_bytes`` (v1).
 
     cgroup v2 where this process's cgroup has the memory controller enabled for its children and is writable (a
     delegated cgroup), else cgroup v1's memory hierarchy where writable. Empty ``stapo-sandbox-*`` cgroups left by a
@@ -475,7 +477,7 @@ def _memory_cgroups() -> tuple[str | None, str]:
                 directory = point + path[len(root.rstrip("/")) :]
                 candidates.append((directory, "memory.max" if version_2 else "memory.limit_in_bytes"))
     reasons = []
-    for directory, limit_file in candidates:
+    for directory, limit_file in sorted(candidates, key=lambda candidate: candidate[1] != "memory.max"):
         if limit_file == "memory.max":
             try:
                 with open(os.path.join(directory, "cgroup.subtree_control")) as file:
@@ -491,7 +493,7 @@ def _memory_cgroups() -> tuple[str | None, str]:
         for name in os.listdir(directory):
             if name.startswith("stapo-sandbox-"):
                 _remove_cgroup(os.path.join(directory, name), attempts=1)
-        return os.path.join(directory, limit_file), ""
+        return os.path.join(directory, limit_file), ""  # the directory and the version in one path
     return None, "; ".join(reasons) or "no cgroup memory controller is mounted"
 
 
@@ -500,10 +502,10 @@ _cgroup_numbers = itertools.count()
 
 def _new_memory_cgroup(limit_bytes: int) -> tuple[str | None, str]:
     """A new memory cgroup limited to `limit_bytes` (swap included), as ``(directory, "")``, or ``(None, why not)``."""
-    limit_path, reason = _memory_cgroups()
-    if limit_path is None:
+    parent_limit_file, reason = _memory_cgroups()
+    if parent_limit_file is None:
         return None, reason
-    base, limit_file = os.path.split(limit_path)
+    base, limit_file = os.path.split(parent_limit_file)
     directory = os.path.join(base, f"stapo-sandbox-{os.getpid()}-{next(_cgroup_numbers)}")
     settings = (
         [(limit_file, limit_bytes), ("memory.swap.max", 0), ("memory.oom.group", 1)]
