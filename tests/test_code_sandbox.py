@@ -555,3 +555,18 @@ def test_without_a_cgroup_an_unprivileged_program_is_bounded_as_a_whole():
     assert status == "ok" and 0 < int(value) < 8  # the namespace's first process and the program count too
     status, value, _ = results["allocations"]
     assert status != "ok" or int(value) == 0  # no process may hold 200 MiB
+
+
+def test_memory_cgroups_left_by_a_killed_trainer_are_removed():
+    parent_limit_file, reason = sandbox_module._memory_cgroups()
+    if parent_limit_file is None:
+        pytest.skip(f"no memory cgroup can be made here: {reason}")
+    leftover = Path(parent_limit_file).parent / f"stapo-sandbox-{os.getpid()}-left-over"
+    leftover.mkdir()
+    try:
+        sandbox_module._memory_cgroups.cache_clear()
+        assert sandbox_module._memory_cgroups() == (parent_limit_file, "")
+        assert not leftover.exists()
+    finally:
+        if leftover.exists():
+            leftover.rmdir()

@@ -5,9 +5,10 @@ after the first output that is not ``"ok"``. It never sees the expected outputs:
 (`stapo_trl.code.reward`), so a program cannot learn them or influence the verdict other than by its output.
 
 `LocalSandbox` runs each job in a fresh bounded process (`stapo_trl.processes`) running `sandbox_harness.py`:
-new user, mount, network and PID namespaces where the kernel allows them, a read-only filesystem but for a
-private tmpfs, no network, resource limits, a forked child per input, and the whole process group killed at the
-deadline. `LocalSandbox.isolation()` says which protections this machine gives (see the README's "Code" section).
+new user, mount, network and PID namespaces where the kernel allows them, a root directory that holds only the
+interpreter, its libraries, the standard library and the allowed packages (read-only) and a private tmpfs, no
+network, one memory bound for the whole program, a forked child per input, and the whole process group killed at
+the deadline. `LocalSandbox.isolation()` says which protections this machine gives (see the README's "Code" section).
 
 Another executor (a remote sandbox service, a container pool) plugs in by implementing ``execute(job)``::
 

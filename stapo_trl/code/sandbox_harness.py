@@ -2,24 +2,29 @@
 
 `stapo_trl.code.sandbox.LocalSandbox` starts it as ``python -I -S sandbox_harness.py JOB_FILE`` in a new session
 whose working directory is the program's temporary directory; it first bounds itself (`stapo_trl.processes.bound_self`:
-death with the trainer, resource limits). Besides that module it imports the standard library only. Everything it prints on its standard output is one JSON object per line:
+death with the trainer, resource limits). Besides that module it imports the standard library only. Everything it
+prints on its standard output is one JSON object per line:
 
-- first ``{"protections": [...], "missing": {name: reason}}``: the isolation that is in place;
+- first ``{"protections": [...], "missing": {name: reason}}``: the isolation that is in place (or ``{"error": ...}``
+  when the namespaces exist but the program's filesystem cannot be built: then no program runs);
 - then one ``{"status": ..., "output": ..., "detail": ...}`` per input, in order, until an input ends in anything
   but ``"ok"``. The outputs are compared outside the sandbox: the expected outputs never enter it.
 
 Isolation, each step measured and reported rather than assumed:
 
-1. New user, mount, network, PID, IPC and UTS namespaces (``unshare(2)``, unprivileged where the kernel allows it):
-   no network interface but a loopback that is down; processes that see only each other; a fresh ``/proc``.
-2. Every mount read-only except a size-bounded tmpfs on the working directory, the only place it can write.
-3. A bounded number of processes and threads: fewer than 300 + `max_processes` by the PID namespace's own
-   ``pid_max`` (Linux >= 6.14; it binds root too), and `max_processes` by RLIMIT_NPROC, which binds a user other
-   than root and then counts the namespace's processes only.
-4. The untrusted code runs in a forked child per input, without capabilities (none to regain by exec), under CPU
-   and output limits; after each input every other process of the PID namespace is killed. When this harness dies,
-   the kernel kills the whole namespace. The harness keeps its user id: the programs read what the trainer's user
-   can read, but can write only to their tmpfs and send nothing anywhere.
+1. Memory for the whole program: this process joins the memory cgroup the sandbox made for it, if any, before it
+   starts another; otherwise every process has ``memory_bytes / max_processes`` of address space and RLIMIT_NPROC
+   (which binds a user other than root) allows `max_processes`. ``oom_score_adj`` 1000: the program dies first.
+2. New user, mount, network, PID, IPC and UTS namespaces (``unshare(2)``, unprivileged where the kernel allows it):
+   no network interface but a loopback that is down; processes that see only each other.
+3. A root built by inclusion (`_enter_view`): the interpreter, its libraries, the standard library and the allowed
+   packages, read-only; a private tmpfs, bounded in bytes and files, as ``/tmp`` and ``/dev/shm``; the namespace's
+   own ``/proc`` with the kernel's settings read-only. Nothing else of the host: no home, cache, socket or dataset.
+4. A bounded number of processes and threads: fewer than 300 + `max_processes` by the PID namespace's own
+   ``pid_max`` (Linux >= 6.14; it binds root too), and `max_processes` by RLIMIT_NPROC.
+5. The untrusted code runs in a forked child per input, without capabilities (none to regain by exec) and without
+   ``memfd_create`` (seccomp), under CPU and output limits; after each input every other process of the PID
+   namespace is killed. When this harness dies, the kernel kills the whole namespace.
 """
 
 import ctypes
