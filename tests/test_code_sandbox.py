@@ -561,12 +561,18 @@ def test_memory_cgroups_left_by_a_killed_trainer_are_removed():
     parent_limit_file, reason = sandbox_module._memory_cgroups()
     if parent_limit_file is None:
         pytest.skip(f"no memory cgroup can be made here: {reason}")
-    leftover = Path(parent_limit_file).parent / f"stapo-sandbox-{os.getpid()}-left-over"
+    killed_trainer = subprocess.Popen(["true"])
+    killed_trainer.wait()
+    leftover = Path(parent_limit_file).parent / f"stapo-sandbox-{killed_trainer.pid}-0"
+    live_trainers = Path(parent_limit_file).parent / f"stapo-sandbox-{os.getpid()}-test"  # made, not yet joined
     leftover.mkdir()
+    live_trainers.mkdir()
     try:
         sandbox_module._memory_cgroups.cache_clear()
         assert sandbox_module._memory_cgroups() == (parent_limit_file, "")
         assert not leftover.exists()
+        assert live_trainers.exists()
     finally:
-        if leftover.exists():
-            leftover.rmdir()
+        for directory in (leftover, live_trainers):
+            if directory.exists():
+                directory.rmdir()

@@ -456,8 +456,9 @@ def _memory_cgroups() -> tuple[str | None, str]:
     The limit file is in the parent cgroup's directory: ``memory.max`` (v2) or ``memory.limit_in_bytes`` (v1).
 
     cgroup v2 where this process's cgroup has the memory controller enabled for its children and is writable (a
-    delegated cgroup), else cgroup v1's memory hierarchy where writable. Empty ``stapo-sandbox-*`` cgroups left by a
-    killed trainer are removed on the way (the kernel refuses to remove one that still holds a process).
+    delegated cgroup), else cgroup v1's memory hierarchy where writable. ``stapo-sandbox-<pid>-*`` cgroups whose
+    trainer has died are removed on the way (the kernel refuses to remove one that still holds a process; a live
+    trainer's may be empty for a moment, between its creation and its harness joining it).
     """
     try:
         with open("/proc/self/cgroup") as file:
@@ -492,10 +493,20 @@ def _memory_cgroups() -> tuple[str | None, str]:
             reasons.append(f"{directory}: not writable")
             continue
         for name in os.listdir(directory):
-            if name.startswith("stapo-sandbox-"):
+            if name.startswith("stapo-sandbox-") and not _alive(name.split("-")[2]):
                 _remove_cgroup(os.path.join(directory, name), attempts=1)
         return os.path.join(directory, limit_file), ""  # the directory and the version in one path
     return None, "; ".join(reasons) or "no cgroup memory controller is mounted"
+
+
+def _alive(pid: str) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:  # another user's
+        pass
+    return True
 
 
 _cgroup_numbers = itertools.count()
