@@ -434,6 +434,25 @@ def test_memfd_is_refused():
 
 
 @needs_namespaces
+def test_memfd_secret_and_system_v_shared_memory_are_refused():
+    program = (
+        "import ctypes, os\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "secret = libc.syscall(447, 0)\n"  # memfd_secret, the same number on x86_64 and aarch64
+        "print(secret, ctypes.get_errno() if secret < 0 else 0)\n"
+        "segment = libc.shmget(0, 1 << 20, 0o1600)\n"  # IPC_PRIVATE, IPC_CREAT | 0600
+        "print(segment, ctypes.get_errno() if segment < 0 else 0)\n"
+    )
+    outputs, _ = run(program)
+    assert outputs[0].status == "ok"
+    (secret, secret_errno), (segment, segment_errno) = (
+        map(int, line.split()) for line in outputs[0].value.split("\n")[:2]
+    )
+    assert secret == -1 and secret_errno == errno.EPERM
+    assert segment == -1 and segment_errno == errno.ENOSPC
+
+
+@needs_namespaces
 def test_the_sandbox_dies_before_the_trainer():
     outputs, _ = run("print(open('/proc/self/oom_score_adj').read())")
     assert outputs == [Output("ok", "1000\n\n")]

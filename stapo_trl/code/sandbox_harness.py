@@ -61,11 +61,9 @@ _DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom"
 _PROC_READ_ONLY = ("sys", "sysrq-trigger", "irq", "bus", "fs")
 # Files and directories in /tmp and /dev/shm together: each costs kernel memory that the tmpfs size does not count.
 _SCRATCH_INODES = 16384
-# seccomp: memfd_create fails with EPERM (its pages belong to no process's address space, so RLIMIT_AS misses them).
-_SECCOMP_ARCHITECTURES = {  # machine: (AUDIT_ARCH_*, memfd_create's number)
-    "x86_64": (0xC000003E, 319),
-    "aarch64": (0xC00000B7, 279),
-}
+# seccomp: memfd_create and memfd_secret fail with EPERM. Their pages belong to no process's address space, so no
+# RLIMIT_AS counts them. machine: (AUDIT_ARCH_*, the system calls' numbers).
+_SECCOMP_ARCHITECTURES = {"x86_64": (0xC000003E, (319, 447)), "aarch64": (0xC00000B7, (279, 447))}
 _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 22, 2
 _PR_SET_PDEATHSIG, _PR_CAPBSET_DROP, _PR_SET_SECUREBITS, _PR_SET_CHILD_SUBREAPER, _PR_SET_NO_NEW_PRIVS = (
     1,
@@ -142,15 +140,16 @@ def _drop_capabilities() -> None:
 
 
 def _refuse_memfd() -> None:
-    """Install a seccomp filter under which memfd_create fails with EPERM (x32 system calls fail too)."""
-    architecture, memfd_create = _SECCOMP_ARCHITECTURES[os.uname().machine]
+    """Install a seccomp filter under which memfd_create and memfd_secret fail with EPERM (x32 calls fail too)."""
+    architecture, refused = _SECCOMP_ARCHITECTURES[os.uname().machine]
     load_word, jump_equal, jump_greater_equal, ret = 0x20, 0x15, 0x35, 0x06
     errno_eperm, allow = 0x00050000 | 1, 0x7FFF0000
+    refuse_at = len(refused) + 4  # the index of the "return EPERM" instruction
     program = [  # (code, jump if true, jump if false, k)
         (load_word, 0, 0, 4),  # seccomp_data.arch
-        (jump_equal, 0, 4, architecture),
+        (jump_equal, 0, refuse_at - 1, architecture),  # another architecture's calls: allowed
         (load_word, 0, 0, 0),  # seccomp_data.nr
-        (jump_equal, 1, 0, memfd_create),
+        *((jump_equal, refuse_at - index - 4, 0, number) for index, number in enumerate(refused)),
         (jump_greater_equal, 0, 1, 0x40000000),  # __X32_SYSCALL_BIT
         (ret, 0, 0, errno_eperm),
         (ret, 0, 0, allow),
@@ -238,7 +237,12 @@ def _enter_view(root: str, job: dict, protections: list[str], missing: dict[str,
             _mount(
                 "tmpfs", root + path, "tmpfs", _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, "size=4k,mode=0555"
             )
-        for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1")):
+        for name, target in (
+            ("fd", "/proc/self/fd"),
+            ("stdin", "/proc/self/fd/0"),
+            ("stdout", "/proc/self/fd/1"),
+            ("stderr", "/proc/self/fd/2"),
+        ):
             os.symlink(target, f"{root}/dev/{name}")
         scratch_bytes = int(job["tmpfs_bytes"])
         scratch = f"{root}/scratch"
@@ -261,6 +265,11 @@ def _enter_view(root: str, job: dict, protections: list[str], missing: dict[str,
             protections.append(f"pid_max of the PID namespace: fewer than {limit} processes and threads")
         except OSError as error:  # before Linux 6.14 pid_max is global
             missing["pid_max of the PID namespace"] = str(error)
+        try:  # System V shared memory: segments outlive their mappings, like memfd (the IPC namespace's own limit)
+            _write(f"{root}/proc/sys/kernel/shmall", "0")
+            protections.append("System V shared memory refused (shmall 0 in the IPC namespace)")
+        except OSError as error:
+            missing["System V shared memory refused"] = str(error)
         for name in _PROC_READ_ONLY:
             if os.path.exists(f"{root}/proc/{name}"):
                 _bind_read_only(f"{root}/proc/{name}", f"{root}/proc/{name}")
@@ -487,7 +496,7 @@ def _bound_memory(job: dict) -> tuple[list[str], dict[str, str]]:
     protections.append("oom_score_adj 1000: the out-of-memory killer takes the program before the trainer")
     total, each, processes = int(job["memory_bytes"]), int(job["limits"]["memory_bytes"]), int(job["max_processes"])
     if os.uname().machine in _SECCOMP_ARCHITECTURES:
-        protections.append("memfd_create refused (seccomp)")
+        protections.append("memfd_create and memfd_secret refused (seccomp)")
     else:
         missing["memfd_create refused"] = f"no seccomp filter for {os.uname().machine}"
     if job["memory_cgroup"]:
