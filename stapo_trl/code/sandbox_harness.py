@@ -65,6 +65,7 @@ _SCRATCH_INODES = 16384
 # RLIMIT_AS counts them. machine: (AUDIT_ARCH_*, the system calls' numbers).
 _SECCOMP_ARCHITECTURES = {"x86_64": (0xC000003E, (319, 447)), "aarch64": (0xC00000B7, (279, 447))}
 _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 22, 2
+_CAP_SYS_RESOURCE = 24
 _PR_SET_PDEATHSIG, _PR_CAPBSET_DROP, _PR_SET_SECUREBITS, _PR_SET_CHILD_SUBREAPER, _PR_SET_NO_NEW_PRIVS = (
     1,
     24,
@@ -493,7 +494,13 @@ def _bound_memory(job: dict) -> tuple[list[str], dict[str, str]]:
     """Bound the memory of the whole program, not of each process; make it the first to die when memory runs out."""
     protections, missing = [], {}
     _write("/proc/self/oom_score_adj", "1000")  # inherited by every process of the program
-    protections.append("oom_score_adj 1000: the out-of-memory killer takes the program before the trainer")
+    with open("/proc/self/status") as status:
+        effective = next(int(line.split()[1], 16) for line in status if line.startswith("CapEff:"))
+    # Written with CAP_SYS_RESOURCE, 1000 is also the least the program may set; without, it may go back to 0.
+    floor = 1000 if effective & (1 << _CAP_SYS_RESOURCE) else 0
+    protections.append(
+        f"oom_score_adj 1000 (the program may lower it to {floor}): the out-of-memory killer takes it before others"
+    )
     total, each, processes = int(job["memory_bytes"]), int(job["limits"]["memory_bytes"]), int(job["max_processes"])
     if os.uname().machine in _SECCOMP_ARCHITECTURES:
         protections.append("memfd_create and memfd_secret refused (seccomp)")
