@@ -310,8 +310,10 @@ def isolate(workdir: str, job: dict) -> tuple[list[str], dict[str, str], bool]:
             missing[name] = reason
         return protections, missing, False
     _write("/proc/self/setgroups", "deny")
-    _write("/proc/self/uid_map", f"{uid} {uid} 1")
-    _write("/proc/self/gid_map", f"{gid} {gid} 1")
+    # The trainer's ids become the namespace's 0: the owner of its IPC settings, which the namespace's first process
+    # sets (shmall). A program gains nothing by it: it has no capabilities, and uid 0 regains none by exec.
+    _write("/proc/self/uid_map", f"0 {uid} 1")
+    _write("/proc/self/gid_map", f"0 {gid} 1")
     protections += [
         "user namespace",
         "network namespace (no interfaces)",
