@@ -54,6 +54,8 @@ ALLOWED_PACKAGES = ("numpy",)
 #: address spaces of ``memory_bytes / PROCESSES_WITHOUT_CGROUP`` each.
 PROCESSES_WITHOUT_CGROUP = 8
 _SITE_DIRECTORIES = ("site-packages", "dist-packages")
+# Device files a Python program may need; nothing else of the host's /dev.
+_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # where the harness imports stapo_trl.processes from
 
 #: Statuses of an `Output`. Only ``"ok"`` carries a usable value.
@@ -396,8 +398,43 @@ def _view(packages: tuple[str, ...]) -> tuple[dict[str, list[str]], list[str]]:
             if entry.is_symlink() and os.path.realpath(entry.path) in libraries
         }
     loader = _elf_interpreter(os.path.realpath(sys.executable))
-    paths = [sys.executable, *([loader] if loader else []), "/etc/ld.so.cache", *shown, *sorted(libraries)]
-    return {"paths": [path for path in dict.fromkeys(paths) if os.path.lexists(path)], "hidden": hidden}, sys_path
+    paths = [sys.executable, *([loader] if loader else []), "/etc/ld.so.cache", *shown, *sorted(libraries), *_DEVICES]
+    return {**_layout(paths), "hidden": hidden}, sys_path
+
+
+def _layout(paths: Iterable[str]) -> dict[str, Any]:
+    """How to show the host's `paths` at the same places in an empty root, as the harness does it (in this order).
+
+    ``directories`` to create, ``links`` (symbolic links copied from the host, then followed, so that every name
+    that resolves on the host resolves alike: ``/lib64/ld-linux-x86-64.so.2``, a virtual environment's
+    ``bin/python``), and ``binds``: each path mapped to ``"directory"`` or ``"file"``, bound read-only. A path inside
+    one bound already is left out; one that does not exist too.
+    """
+    directories, links, binds = {}, {}, {}  # dicts as ordered sets
+
+    def walk(path: str) -> str | None:
+        """Lay `path` out up to its first symbolic link; return the path that link leads to, or None when done."""
+        parts = path.strip("/").split("/")
+        current = ""
+        for index, part in enumerate(parts):
+            current += "/" + part
+            if current in binds or not os.path.lexists(current):
+                return None
+            if current in links or os.path.islink(current):
+                links.setdefault(current, os.readlink(current))
+                return os.path.normpath(os.path.join(os.path.dirname(current), links[current], *parts[index + 1 :]))
+            if index < len(parts) - 1:
+                directories[current] = None
+            else:
+                binds[current] = "directory" if os.path.isdir(current) else "file"
+        return None
+
+    for path in paths:
+        for _ in range(40):  # symbolic links followed, at most, as the kernel does
+            path = walk(path)
+            if path is None:
+                break
+    return {"directories": list(directories), "links": links, "binds": binds}
 
 
 # Run by `_view` as `python -I -S -c`: import the modules given (those that fail are left out), then print the files

@@ -54,8 +54,6 @@ _KEPT_FLAGS = {
     os.ST_NODIRATIME: 2048,
     os.ST_RELATIME: 1 << 21,
 }
-# Device files a Python program may need; nothing else of the host's /dev.
-_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 # Parts of /proc that reach the host kernel's settings. They check the user id, not capabilities, and uid 0 in the
 # sandbox is the host's root when the trainer runs as root: read-only, as container engines make them.
 _PROC_READ_ONLY = ("sys", "sysrq-trigger", "irq", "bus", "fs")
@@ -183,47 +181,12 @@ def _bind_read_only(source: str, target: str) -> None:
     _mount(None, target, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | flags)
 
 
-def _include(root: str, path: str, shown: set[str]) -> None:
-    """Show the host's `path` at the same place under `root`, read-only.
-
-    Its directories are created on the way and its symbolic links copied (then followed), so that every name that
-    resolves on the host resolves alike (``/lib64/ld-linux-x86-64.so.2``, a virtual environment's ``bin/python``).
-    `shown` holds what is bound already; a path inside one of them is there already.
-    """
-    for _ in range(40):  # symbolic links followed, at most, as the kernel does
-        parts = path.strip("/").split("/")
-        current = ""
-        for index, part in enumerate(parts):
-            current += "/" + part
-            if current in shown or not os.path.lexists(current):
-                return
-            inside = root + current
-            if os.path.islink(current):
-                target = os.readlink(current)
-                if not os.path.lexists(inside):
-                    os.symlink(target, inside)
-                path = os.path.normpath(os.path.join(os.path.dirname(current), target, *parts[index + 1 :]))
-                break
-            if index < len(parts) - 1:
-                os.makedirs(inside, exist_ok=True)
-            else:
-                if os.path.isdir(current):
-                    os.makedirs(inside, exist_ok=True)
-                else:
-                    os.close(os.open(inside, os.O_CREAT | os.O_WRONLY, 0o600))
-                _bind_read_only(current, inside)
-                shown.add(current)
-                return
-        else:
-            return
-
-
 def _enter_view(root: str, job: dict, protections: list[str], missing: dict[str, str]) -> None:
     """Build the program's filesystem on the empty directory `root` and make it the root directory.
 
     It holds only what a Python program needs, read-only: the interpreter, the libraries it loads, the standard
-    library (its site-packages hidden) and the allowed packages (``job["view"]``, chosen by the sandbox), a few
-    devices, and the namespace's own ``/proc``; a private tmpfs, bounded in bytes and in files, is ``/tmp`` and
+    library (its site-packages hidden) and the allowed packages, a few devices (``job["view"]``, chosen and laid out
+    by the sandbox), and the namespace's own ``/proc``; a private tmpfs, bounded in bytes and in files, is ``/tmp`` and
     ``/dev/shm``. `root` itself is removed from the host as soon as nothing is mounted on it, so a killed trainer
     leaves no directory behind.
     """
@@ -231,10 +194,18 @@ def _enter_view(root: str, job: dict, protections: list[str], missing: dict[str,
     try:
         _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
         _mount("tmpfs", root, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m,nr_inodes=4096,mode=0755")
-        shown = set()
-        for path in (*job["view"]["paths"], *_DEVICES):
-            _include(root, path, shown)
-        for path in job["view"]["hidden"]:  # site-packages inside the standard library's directory
+        view = job["view"]  # laid out by the sandbox (`stapo_trl.code.sandbox._layout`): the host's paths to show
+        for directory in view["directories"]:  # parents first
+            os.mkdir(root + directory)
+        for link, target in view["links"].items():
+            os.symlink(target, root + link)
+        for path, kind in view["binds"].items():
+            if kind == "directory":
+                os.makedirs(root + path, exist_ok=True)
+            else:
+                os.close(os.open(root + path, os.O_CREAT | os.O_WRONLY, 0o600))
+            _bind_read_only(path, root + path)
+        for path in view["hidden"]:  # site-packages inside the standard library's directory
             _mount(
                 "tmpfs", root + path, "tmpfs", _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, "size=4k,mode=0555"
             )
