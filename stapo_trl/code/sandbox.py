@@ -336,15 +336,15 @@ def _remove_tree(path: str) -> None:
 
 
 @functools.cache
-def _view(packages: tuple[str, ...]) -> tuple[dict[str, list[str]], list[str]]:
+def _view(packages: tuple[str, ...]) -> tuple[dict[str, Any], list[str]]:
     """What the sandbox's root shows of this machine, read-only, and the ``sys.path`` entries of `packages`.
 
-    Returns ``({"paths": [...], "hidden": [...]}, sys_path)``: the interpreter (with the symbolic links that lead to
-    it and its ELF loader), the shared libraries that it and the standard library's and the packages' extension
-    modules load, ``/etc/ld.so.cache``, the standard library (its site-packages directories are "hidden": shown
-    empty) and each package's directory (and its ``<name>.libs``, where wheels keep their libraries). Nothing else:
-    no home, cache, dataset, checkout or other package. Found once per process (a Python process lists the
-    libraries it has loaded after importing every extension module).
+    Returns (`_layout` of the paths plus ``"hidden"``, sys_path). The paths: the interpreter (with the symbolic
+    links that lead to it and its ELF loader), the shared libraries that it and the standard library's and the
+    packages' extension modules load, ``/etc/ld.so.cache``, the standard library (its site-packages directories are
+    "hidden": shown empty), each package's directory (and its ``<name>.libs``, where wheels keep their libraries)
+    and a few devices. Nothing else: no home, cache, dataset, checkout or other package. Found once per process (a
+    Python process lists the libraries it has loaded after importing every extension module).
     """
     prefixes = tuple(os.path.join(prefix, "") for prefix in {sys.base_prefix, sys.base_exec_prefix})
     stdlib = [
