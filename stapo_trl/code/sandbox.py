@@ -176,10 +176,10 @@ class LocalSandbox:
         return self._run(job, {})
 
     def _run(self, job: Job, report: dict) -> Iterator[Output]:
+        view, sys_path = _view(self.packages)
         workdir = tempfile.mkdtemp(prefix="stapo-sandbox-")
         cgroup, cgroup_missing = _new_memory_cgroup(self.memory_bytes)
         processes_each = self.max_processes if cgroup else min(self.max_processes, PROCESSES_WITHOUT_CGROUP)
-        view, sys_path = _view(self.packages)
         process = None
         try:
             job_file = Path(workdir) / "job.json"
