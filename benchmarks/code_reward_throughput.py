@@ -24,6 +24,7 @@ of resident memory, as a trainer does (sandboxes are started without forking the
 """
 
 import argparse
+import collections
 import json
 import os
 import resource
@@ -31,6 +32,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -72,11 +74,18 @@ def measure(executor: LocalSandbox, completions: int, tests_each: int, starts: i
         per_test.append((many - one) / 20)
     batch = [f"```python\n# completion {index}\n{PROGRAM}```" for index in range(completions)]
     batch_tests = [tests(tests_each)] * completions
+    failures = collections.Counter()
+
+    def recording(job: Job):  # the executor, counting how failed tests ended (on a loaded machine: time-outs)
+        for output in executor.execute(job):
+            failures[f"{output.status}: {output.detail:.100}"] += output.status != "ok"
+            yield output
+
     started, cpu_started = time.perf_counter(), cpu_seconds()
-    rewards = code_reward(batch, batch_tests, executor=executor, time_budget=float("inf"))
+    rewards = code_reward(batch, batch_tests, executor=SimpleNamespace(execute=recording), time_budget=float("inf"))
     seconds, cpu = time.perf_counter() - started, cpu_seconds() - cpu_started
     if rewards != [1.0] * completions:
-        raise SystemExit(f"expected every completion to pass, got {sorted(set(map(str, rewards)))}")
+        raise SystemExit(f"{rewards.count(-1.0)} of {completions} completions failed: {dict(+failures)}")
     return {
         "start ms": 1000 * statistics.median(start_times),
         "per test ms": 1000 * statistics.median(per_test),

@@ -1,5 +1,8 @@
 """LocalSandbox: hostile programs are contained, nothing is left running, the test process is unharmed."""
 
+import errno
+import importlib.util
+import json
 import os
 import shutil
 import signal
@@ -8,6 +11,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import tracemalloc
+import zlib
 from pathlib import Path
 
 import code_programs
@@ -114,7 +119,7 @@ def test_each_input_starts_from_a_fresh_process():
 def test_isolation_report_lists_the_protections():
     report = LocalSandbox().isolation()
     assert report["missing"] == {}
-    for protection in ("network namespace", "PID namespace", "read-only filesystem", "private tmpfs"):
+    for protection in ("network namespace", "PID namespace", "own root", "private /tmp", "memfd", "oom_score_adj"):
         assert any(protection in item for item in report["protections"]), protection
 
 
@@ -179,10 +184,13 @@ def test_1_gb_of_output_is_cut_off(name, isolate):
 
 @needs_namespaces
 def test_writing_outside_its_directory_fails(tmp_path):
-    for target in (tmp_path / "escaped.txt", Path("/tmp") / f"stapo-escaped-{os.getpid()}.txt"):
-        outputs, _ = run(code_programs.write_outside(str(target)))
-        assert outputs[0].status == "error"
-        assert not target.exists()
+    target = tmp_path / "escaped.txt"
+    outputs, _ = run(code_programs.write_outside(str(target)))
+    assert outputs[0].status == "error"
+    assert not target.exists()
+    host_tmp = Path("/tmp") / f"stapo-escaped-{os.getpid()}.txt"  # its /tmp is its own
+    run(code_programs.write_outside(str(host_tmp)))
+    assert not host_tmp.exists()
 
 
 def test_writing_inside_its_directory_works():
@@ -249,7 +257,7 @@ def test_service_sockets_under_run_are_hidden():
         path.unlink()
 
 
-def test_the_sandbox_dies_with_the_trainer(sandbox_dir):
+def test_the_sandbox_dies_with_the_trainer_and_leaves_no_directory(sandbox_dir):
     trainer_code = (
         f"import tempfile; tempfile.tempdir = {str(sandbox_dir)!r}\n"
         "from stapo_trl.code.sandbox import Job, LocalSandbox\n"
@@ -258,12 +266,332 @@ def test_the_sandbox_dies_with_the_trainer(sandbox_dir):
     trainer = subprocess.Popen([sys.executable, "-c", trainer_code], start_new_session=True)
     try:
         deadline = time.monotonic() + 60
-        while len(harness_processes(str(sandbox_dir))) < 2 and time.monotonic() < deadline:
+        # Three with namespaces (the harness, the namespace's first process, the program), two without.
+        expected = 3 if NAMESPACES else 2
+        while len(harness_processes(str(sandbox_dir))) < expected and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert harness_processes(str(sandbox_dir)), "the sandbox did not start"
+        assert len(harness_processes(str(sandbox_dir))) == expected, "the program did not start"
     finally:
         os.killpg(trainer.pid, signal.SIGKILL)  # the trainer's group only: the sandbox has its own session
         trainer.wait()
     assert_nothing_left_running(str(sandbox_dir))
-    for leftover in sandbox_dir.iterdir():  # a killed trainer cannot delete its sandboxes' (empty) directories
-        shutil.rmtree(leftover)
+    if not NAMESPACES:  # the program's working directory is then on the host, and nobody is left to delete it
+        for leftover in sandbox_dir.iterdir():
+            shutil.rmtree(leftover)
+
+
+# What the host holds must be out of a program's sight: each program below cheated or escaped with the sandbox
+# that hid the host by exclusion (a read-only view of the whole filesystem).
+
+
+def read_file(path: Path) -> str:
+    return f"print(open({str(path)!r}).read())\n"
+
+
+@needs_namespaces
+def test_a_unix_socket_in_the_hosts_tmp_is_out_of_reach():
+    """A tmux server, an ssh-agent or an X server listens on a socket file in /tmp: connecting to one is an escape."""
+    path = Path("/tmp") / f"stapo-sandbox-test-{os.getpid()}.sock"
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(str(path))
+        try:
+            listener.listen()
+            listener.settimeout(0.5)
+            program = f"import socket\nsocket.socket(socket.AF_UNIX).connect({str(path)!r})\nprint('escaped')\n"
+            outputs, _ = run(program)
+            assert outputs[0].status == "error" and "FileNotFoundError" in outputs[0].detail
+            with pytest.raises(TimeoutError):
+                listener.accept()
+        finally:
+            path.unlink()
+
+
+@needs_namespaces
+@pytest.mark.parametrize("place", ["tmp", "home"])
+def test_canary_files_of_the_host_are_out_of_reach(place):
+    folder = Path("/tmp") if place == "tmp" else Path.home()
+    canary = folder / f"stapo-sandbox-canary-{os.getpid()}.txt"
+    canary.write_text(SECRET)
+    try:
+        outputs, _ = run(read_file(canary))
+    finally:
+        canary.unlink()
+    assert outputs[0].status == "error" and "FileNotFoundError" in outputs[0].detail
+    assert SECRET not in (outputs[0].value or "")
+
+
+@needs_namespaces
+def test_reading_the_expected_outputs_of_the_sample_problems_earns_nothing():
+    """A program that solves nothing but looks its input up in the package's sample problems scored +1 on all six."""
+    from stapo_trl.code.data import SAMPLE_FILE
+    from stapo_trl.code.reward import code_reward
+
+    cheat = (
+        "import json, sys\n"
+        "given = sys.stdin.read()\n"
+        f"for line in open({str(SAMPLE_FILE)!r}):\n"
+        "    tests = json.loads(json.loads(line)['reward_model']['ground_truth'])\n"
+        "    for test_input, expected in zip(tests['inputs'], tests['outputs']):\n"
+        "        if test_input == given:\n"
+        "            print(expected)\n"
+        "            sys.exit(0)\n"
+    )
+    rows = [json.loads(line) for line in SAMPLE_FILE.read_text().splitlines()]
+    stdin_rows = [row for row in rows if not json.loads(row["reward_model"]["ground_truth"]).get("fn_name")]
+    assert stdin_rows, "the samples hold standard-input problems"
+    tests = [row["reward_model"]["ground_truth"] for row in stdin_rows]
+    rewards = code_reward([f"```python\n{cheat}```"] * len(tests), tests, executor=LocalSandbox())
+    assert rewards == [-1.0] * len(tests)
+
+
+@needs_namespaces
+def test_a_parquet_in_the_hugging_face_cache_is_out_of_reach(tmp_path, monkeypatch):
+    """Expected outputs in a cached dataset (Eurus's parquet), read with the pyarrow the trainer has installed."""
+    pandas = pytest.importorskip("pandas")
+    pytest.importorskip("pyarrow")
+    cache = tmp_path / "huggingface" / "datasets" / "PRIME-RL___eurus-2-rl-data"
+    cache.mkdir(parents=True)
+    parquet = cache / "train.parquet"
+    pandas.DataFrame({"ground_truth": [json.dumps({"inputs": ["1 2\n"], "outputs": [SECRET]})]}).to_parquet(parquet)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "huggingface"))
+    program = f"import pyarrow.parquet\nprint(pyarrow.parquet.read_table({str(parquet)!r}).to_pylist())\n"
+    outputs, _ = run(program)
+    assert outputs[0].status == "error"
+    assert SECRET not in (outputs[0].value or "")
+    outputs, _ = run(read_file(parquet))  # nor as bytes
+    assert outputs[0].status == "error" and "FileNotFoundError" in outputs[0].detail
+
+
+@needs_namespaces
+def test_the_checkout_and_other_installed_packages_are_out_of_reach():
+    repository = Path(__file__).resolve().parents[1]
+    outputs, _ = run(read_file(repository / "pyproject.toml"))
+    assert outputs[0].status == "error" and "FileNotFoundError" in outputs[0].detail
+    outputs, _ = run("import torch\n")
+    assert outputs[0].status == "error" and "ModuleNotFoundError" in outputs[0].detail
+
+
+@needs_namespaces
+def test_the_standard_library_numpy_multiprocessing_and_a_new_interpreter_work():
+    program = (
+        "import decimal, multiprocessing, sqlite3, ssl, subprocess, sys, zlib\n"
+        "import numpy\n"
+        "with multiprocessing.Pool(2) as pool:\n"  # POSIX semaphores in /dev/shm
+        "    print(sum(pool.map(abs, range(-3, 4))), int(numpy.arange(4).sum()))\n"
+        "print(decimal.Decimal('0.1') + decimal.Decimal('0.2'), zlib.crc32(b'sandbox'), flush=True)\n"
+        "subprocess.run([sys.executable, '-c', 'import json; print(json.dumps([1]))'], check=True)\n"
+    )
+    if importlib.util.find_spec("numpy") is None:
+        program = program.replace("import numpy\n", "").replace("int(numpy.arange(4).sum())", "6")
+    expected = f"12 6\n0.3 {zlib.crc32(b'sandbox')}\n[1]\n"
+    assert run(program, timeout=30.0)[0] == [Output("ok", expected)]
+
+
+@needs_namespaces
+def test_host_kernel_settings_cannot_be_written():
+    """As root (uid 0 maps to the host's root) /proc/sys and /proc/sysrq-trigger would otherwise be writable."""
+    for path in ("/proc/sys/kernel/core_pattern", "/proc/sysrq-trigger", "/proc/sys/vm/drop_caches"):
+        outputs, _ = run(f"open({path!r}, 'w').close()\nprint('writable')\n")  # opened, nothing written
+        assert outputs[0].status == "error", path
+
+
+# Memory is bounded for the whole program, not per process.
+
+FORKED_ALLOCATIONS = (
+    "import os, select, time\n"
+    "read_end, write_end = os.pipe()\n"
+    "for _ in range(6):\n"
+    "    if os.fork() == 0:\n"
+    "        os.close(read_end)\n"
+    "        try:\n"
+    "            block = b'\\x01' * (200 << 20)\n"  # resident: every page written
+    "            os.write(write_end, b'+')\n"
+    "        finally:\n"
+    "            time.sleep(30)\n"
+    "os.close(write_end)\n"
+    "held, deadline = 0, time.monotonic() + 8\n"
+    "while time.monotonic() < deadline and select.select([read_end], [], [], deadline - time.monotonic())[0]:\n"
+    "    chunk = os.read(read_end, 16)\n"
+    "    if not chunk:\n"
+    "        break\n"
+    "    held += len(chunk)\n"
+    "print(held)\n"
+)
+
+
+@needs_namespaces
+def test_forked_children_share_one_memory_bound():
+    """6 children x 200 MiB, resident at once, under a 512 MiB bound: at most 2 may hold theirs (6 did, per process)."""
+    outputs, _ = run(FORKED_ALLOCATIONS, LocalSandbox(memory_bytes=512 << 20), timeout=20.0)
+    assert outputs[0].status != "ok" or int(outputs[0].value) <= 2, outputs[0]
+
+
+@needs_namespaces
+def test_memfd_is_refused():
+    """memfd pages written with write() belong to no process's address space: no per-process limit sees them."""
+    outputs, _ = run("import os\nos.memfd_create('pages')\nprint('created')\n")
+    assert outputs[0].status == "error" and "PermissionError" in outputs[0].detail
+
+
+@needs_namespaces
+def test_memfd_secret_and_system_v_shared_memory_are_refused():
+    program = (
+        "import ctypes, os\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "secret = libc.syscall(447, 0)\n"  # memfd_secret, the same number on x86_64 and aarch64
+        "print(secret, ctypes.get_errno() if secret < 0 else 0)\n"
+        "segment = libc.shmget(0, 1 << 20, 0o1600)\n"  # IPC_PRIVATE, IPC_CREAT | 0600
+        "print(segment, ctypes.get_errno() if segment < 0 else 0)\n"
+    )
+    outputs, _ = run(program)
+    assert outputs[0].status == "ok"
+    (secret, secret_errno), (segment, segment_errno) = (
+        map(int, line.split()) for line in outputs[0].value.split("\n")[:2]
+    )
+    assert secret == -1 and secret_errno == errno.EPERM
+    assert segment == -1 and segment_errno == errno.ENOSPC
+
+
+@needs_namespaces
+def test_the_sandbox_dies_before_the_trainer():
+    outputs, _ = run("print(open('/proc/self/oom_score_adj').read())")
+    assert outputs == [Output("ok", "1000\n\n")]
+
+
+@needs_namespaces
+def test_an_inode_flood_stops_early():
+    """Empty files cost kernel memory that the tmpfs size does not count: the number of files is bounded."""
+    program = (
+        "import os\n"
+        "count = 0\n"
+        "try:\n"
+        "    for count in range(200_000):\n"
+        "        os.close(os.open(f'/tmp/{count}', os.O_CREAT | os.O_WRONLY))\n"
+        "except OSError as error:\n"
+        "    print(count, error.errno)\n"
+    )
+    outputs, _ = run(program, timeout=20.0)
+    assert outputs[0].status == "ok"
+    created, errno_code = map(int, outputs[0].value.split())
+    assert created < 20_000 and errno_code == errno.ENOSPC
+
+
+def test_16_mib_of_invalid_utf8_costs_bounded_memory():
+    """Each invalid byte becomes U+FFFD, 3 bytes of UTF-8 and 2 of a Python string: the cost must stay near the cap.
+
+    Measured peaks of the trainer's Python allocations: 18.5 x the cap when the result was sent as ASCII JSON and
+    searched for its end from the start at each read, 12.2 x now (mostly decoding the UTF-8 line).
+    """
+    cap = 16 << 20
+    program = f"import os\nchunk = b'\\xff' * (1 << 20)\nfor _ in range({cap >> 20}):\n    os.write(1, chunk)\n"
+    tracemalloc.start()
+    try:
+        outputs = list(LocalSandbox(max_output_bytes=cap).execute(Job(program, [""], timeout=20.0)))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert outputs[0].status == "ok" and len(outputs[0].value) == cap and set(outputs[0].value) == {"\ufffd"}
+    assert peak < 14 * cap, f"peak {peak / cap:.1f} x the output cap"
+
+
+FORK_COUNT = (
+    "import os, time\n"
+    "count = 0\n"
+    "for _ in range(100):\n"
+    "    try:\n"
+    "        if os.fork() == 0:\n"
+    "            time.sleep(30)\n"
+    "            os._exit(0)\n"
+    "    except OSError:\n"
+    "        break\n"
+    "    count += 1\n"
+    "print(count)\n"
+)
+
+
+@needs_namespaces
+def test_without_a_cgroup_root_is_told_the_bound_is_per_process(monkeypatch):
+    """RLIMIT_NPROC never binds root: the whole-program bound cannot hold there, and the report says so."""
+    monkeypatch.setattr(sandbox_module, "_memory_cgroups", lambda: (None, "none in this test"))
+    sandbox = LocalSandbox(memory_bytes=512 << 20)
+    report = sandbox.isolation()
+    if os.getuid() == 0:
+        assert "none in this test" in report["missing"]["memory bound for the whole program"]
+    else:
+        assert any("memory bound of 536870912 bytes for the whole program" in item for item in report["protections"])
+    # Each process gets 512 MiB / PROCESSES_WITHOUT_CGROUP: one 200 MiB block is too much for any of them.
+    outputs, _ = run("block = bytearray(200 << 20)\nprint('allocated')\n", sandbox)
+    assert outputs[0].status == "error" and "MemoryError" in outputs[0].detail
+
+
+def unprivileged_python() -> list[str] | None:
+    """A command that runs Python with this checkout as uid/gid 65534 (nobody), where this machine allows one."""
+    setpriv = shutil.which("setpriv")
+    if os.getuid() != 0 or setpriv is None or not NAMESPACES:
+        return None
+    for interpreter in dict.fromkeys([sys.executable, "/usr/local/bin/python3", "/usr/bin/python3"]):
+        command = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", interpreter, "-I", "-c"]
+        probe = subprocess.run(  # it can also start itself again, as the sandbox does
+            [*command, "import subprocess, sys; subprocess.run([sys.executable, '-c', ''], check=True)"],
+            capture_output=True,
+            timeout=30,
+        )
+        if probe.returncode == 0:
+            return command
+    return None
+
+
+@pytest.mark.skipif(unprivileged_python() is None, reason="needs root, setpriv and a Python that uid 65534 can run")
+def test_without_a_cgroup_an_unprivileged_program_is_bounded_as_a_whole():
+    """As an ordinary user (no memory cgroup writable: the fallback) the program has 8 processes of 64 MiB at most."""
+    repository = Path(__file__).resolve().parents[1]
+    workspace = tempfile.mkdtemp(dir="/tmp", prefix="stapo-sandbox-test-")
+    os.chmod(workspace, 0o777)
+    trainer = (
+        f"import json, sys, tempfile\n"
+        f"sys.path.insert(0, {str(repository)!r})\n"
+        f"tempfile.tempdir = {workspace!r}\n"
+        "from stapo_trl.code.sandbox import Job, LocalSandbox\n"
+        "sandbox = LocalSandbox(memory_bytes=512 << 20)\n"
+        "results = {'report': sandbox.isolation()}\n"
+        "for name, program in json.loads(sys.argv[1]).items():\n"
+        "    output = list(sandbox.execute(Job(program, [''], timeout=20.0)))[0]\n"
+        "    results[name] = [output.status, output.value, output.detail]\n"
+        "print(json.dumps(results))\n"
+    )
+    programs = json.dumps({"forks": FORK_COUNT, "allocations": FORKED_ALLOCATIONS})
+    try:
+        completed = subprocess.run(
+            [*unprivileged_python(), trainer, programs], capture_output=True, timeout=300, start_new_session=True
+        )
+    finally:
+        shutil.rmtree(workspace, ignore_errors=True)
+    assert completed.returncode == 0, completed.stderr.decode()[-2000:]
+    results = json.loads(completed.stdout.decode().splitlines()[-1])
+    assert results["report"]["missing"] == {}, results["report"]
+    assert any("for the whole program: 8 processes" in item for item in results["report"]["protections"])
+    status, value, _ = results["forks"]
+    assert status == "ok" and 0 < int(value) < 8  # the namespace's first process and the program count too
+    status, value, _ = results["allocations"]
+    assert status != "ok" or int(value) == 0  # no process may hold 200 MiB
+
+
+def test_memory_cgroups_left_by_a_killed_trainer_are_removed():
+    parent_limit_file, reason = sandbox_module._memory_cgroups()
+    if parent_limit_file is None:
+        pytest.skip(f"no memory cgroup can be made here: {reason}")
+    killed_trainer = subprocess.Popen(["true"])
+    killed_trainer.wait()
+    leftover = Path(parent_limit_file).parent / f"stapo-sandbox-{killed_trainer.pid}-0"
+    live_trainers = Path(parent_limit_file).parent / f"stapo-sandbox-{os.getpid()}-test"  # made, not yet joined
+    leftover.mkdir()
+    live_trainers.mkdir()
+    try:
+        sandbox_module._memory_cgroups.cache_clear()
+        assert sandbox_module._memory_cgroups() == (parent_limit_file, "")
+        assert not leftover.exists()
+        assert live_trainers.exists()
+    finally:
+        for directory in (leftover, live_trainers):
+            if directory.exists():
+                directory.rmdir()

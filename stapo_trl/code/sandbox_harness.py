@@ -2,24 +2,29 @@
 
 `stapo_trl.code.sandbox.LocalSandbox` starts it as ``python -I -S sandbox_harness.py JOB_FILE`` in a new session
 whose working directory is the program's temporary directory; it first bounds itself (`stapo_trl.processes.bound_self`:
-death with the trainer, resource limits). Besides that module it imports the standard library only. Everything it prints on its standard output is one JSON object per line:
+death with the trainer, resource limits). Besides that module it imports the standard library only. Everything it
+prints on its standard output is one JSON object per line:
 
-- first ``{"protections": [...], "missing": {name: reason}}``: the isolation that is in place;
+- first ``{"protections": [...], "missing": {name: reason}}``: the isolation that is in place (or ``{"error": ...}``
+  when the namespaces exist but the program's filesystem cannot be built: then no program runs);
 - then one ``{"status": ..., "output": ..., "detail": ...}`` per input, in order, until an input ends in anything
   but ``"ok"``. The outputs are compared outside the sandbox: the expected outputs never enter it.
 
 Isolation, each step measured and reported rather than assumed:
 
-1. New user, mount, network, PID, IPC and UTS namespaces (``unshare(2)``, unprivileged where the kernel allows it):
-   no network interface but a loopback that is down; processes that see only each other; a fresh ``/proc``.
-2. Every mount read-only except a size-bounded tmpfs on the working directory, the only place it can write.
-3. A bounded number of processes and threads: fewer than 300 + `max_processes` by the PID namespace's own
-   ``pid_max`` (Linux >= 6.14; it binds root too), and `max_processes` by RLIMIT_NPROC, which binds a user other
-   than root and then counts the namespace's processes only.
-4. The untrusted code runs in a forked child per input, without capabilities (none to regain by exec), under CPU
-   and output limits; after each input every other process of the PID namespace is killed. When this harness dies,
-   the kernel kills the whole namespace. The harness keeps its user id: the programs read what the trainer's user
-   can read, but can write only to their tmpfs and send nothing anywhere.
+1. Memory for the whole program: this process joins the memory cgroup the sandbox made for it, if any, before it
+   starts another; otherwise every process has ``memory_bytes / max_processes`` of address space and RLIMIT_NPROC
+   (which binds a user other than root) allows `max_processes`. ``oom_score_adj`` 1000: the program dies first.
+2. New user, mount, network, PID, IPC and UTS namespaces (``unshare(2)``, unprivileged where the kernel allows it):
+   no network interface but a loopback that is down; processes that see only each other.
+3. A root built by inclusion (`_enter_view`): the interpreter, its libraries, the standard library and the allowed
+   packages, read-only; a private tmpfs, bounded in bytes and files, as ``/tmp`` and ``/dev/shm``; the namespace's
+   own ``/proc`` with the kernel's settings read-only. Nothing else of the host: no home, cache, socket or dataset.
+4. A bounded number of processes and threads: fewer than 300 + `max_processes` by the PID namespace's own
+   ``pid_max`` (Linux >= 6.14; it binds root too), and `max_processes` by RLIMIT_NPROC.
+5. The untrusted code runs in a forked child per input, without capabilities (none to regain by exec) and without
+   ``memfd_create`` (seccomp), under CPU and output limits; after each input every other process of the PID
+   namespace is killed. When this harness dies, the kernel kills the whole namespace.
 """
 
 import ctypes
@@ -27,7 +32,6 @@ import gc
 import json
 import math
 import os
-import re
 import resource
 import selectors
 import signal
@@ -40,24 +44,26 @@ from pathlib import Path
 _CLONE_NEWUSER, _CLONE_NEWNS, _CLONE_NEWNET = 0x10000000, 0x00020000, 0x40000000
 _CLONE_NEWPID, _CLONE_NEWIPC, _CLONE_NEWUTS = 0x20000000, 0x08000000, 0x04000000
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT = 1, 2, 4, 8, 32
-_MS_NOATIME, _MS_NODIRATIME, _MS_BIND, _MS_REC, _MS_PRIVATE = (
-    1024,
-    2048,
-    4096,
-    16384,
-    1 << 18,
-)
-_MS_RELATIME, _MS_STRICTATIME = 1 << 21, 1 << 24
-# Flags a mount inherited from a more privileged namespace keeps: a remount must repeat them.
+_MS_BIND, _MS_MOVE, _MS_REC, _MS_PRIVATE, _MNT_DETACH = 4096, 8192, 16384, 1 << 18, 2
+# Flags a bind mount keeps from its source (statvfs's names); in a user namespace a read-only remount must repeat them.
 _KEPT_FLAGS = {
-    "nosuid": _MS_NOSUID,
-    "nodev": _MS_NODEV,
-    "noexec": _MS_NOEXEC,
-    "noatime": _MS_NOATIME,
-    "nodiratime": _MS_NODIRATIME,
-    "relatime": _MS_RELATIME,
-    "strictatime": _MS_STRICTATIME,
+    os.ST_NOSUID: _MS_NOSUID,
+    os.ST_NODEV: _MS_NODEV,
+    os.ST_NOEXEC: _MS_NOEXEC,
+    os.ST_NOATIME: 1024,
+    os.ST_NODIRATIME: 2048,
+    os.ST_RELATIME: 1 << 21,
 }
+# Parts of /proc that reach the host kernel's settings. They check the user id, not capabilities, and uid 0 in the
+# sandbox is the host's root when the trainer runs as root: read-only, as container engines make them.
+_PROC_READ_ONLY = ("sys", "sysrq-trigger", "irq", "bus", "fs")
+# Files and directories in /tmp and /dev/shm together: each costs kernel memory that the tmpfs size does not count.
+_SCRATCH_INODES = 16384
+# seccomp: memfd_create and memfd_secret fail with EPERM. Their pages belong to no process's address space, so no
+# RLIMIT_AS counts them. machine: (AUDIT_ARCH_*, the system calls' numbers).
+_SECCOMP_ARCHITECTURES = {"x86_64": (0xC000003E, (319, 447)), "aarch64": (0xC00000B7, (279, 447))}
+_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 22, 2
+_CAP_SYS_RESOURCE = 24
 _PR_SET_PDEATHSIG, _PR_CAPBSET_DROP, _PR_SET_SECUREBITS, _PR_SET_CHILD_SUBREAPER, _PR_SET_NO_NEW_PRIVS = (
     1,
     24,
@@ -132,22 +138,138 @@ def _drop_capabilities() -> None:
     _prctl(_PR_SET_NO_NEW_PRIVS, 1)
 
 
-def _mount_points() -> list[tuple[str, int]]:
-    """Every mount point of this mount namespace with the flags a read-only remount must keep."""
-    points = []
-    with open("/proc/self/mountinfo") as mountinfo:
-        for line in mountinfo:
-            fields = line.split()
-            point = re.sub(r"\\([0-7]{3})", lambda escape: chr(int(escape[1], 8)), fields[4])  # "\040": a space
-            flags = 0
-            for option in fields[5].split(","):
-                flags |= _KEPT_FLAGS.get(option, 0)
-            points.append((point, flags))
-    return points
+def _refuse_memfd() -> None:
+    """Install a seccomp filter under which memfd_create and memfd_secret fail with EPERM (x32 calls fail too)."""
+    architecture, refused = _SECCOMP_ARCHITECTURES[os.uname().machine]
+    load_word, jump_equal, jump_greater_equal, ret = 0x20, 0x15, 0x35, 0x06
+    errno_eperm, allow = 0x00050000 | 1, 0x7FFF0000
+    refuse_at = len(refused) + 4  # the index of the "return EPERM" instruction
+    program = [  # (code, jump if true, jump if false, k)
+        (load_word, 0, 0, 4),  # seccomp_data.arch
+        (jump_equal, 0, refuse_at - 1, architecture),  # another architecture's calls: allowed
+        (load_word, 0, 0, 0),  # seccomp_data.nr
+        *((jump_equal, refuse_at - index - 4, 0, number) for index, number in enumerate(refused)),
+        (jump_greater_equal, 0, 1, 0x40000000),  # __X32_SYSCALL_BIT
+        (ret, 0, 0, errno_eperm),
+        (ret, 0, 0, allow),
+    ]
+    filters = (_SockFilter * len(program))(*program)
+    header = _SockFprog(len(program), filters)
+    _check(_libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(header), 0, 0), "seccomp")
 
 
-def isolate(workdir: str, tmpfs_bytes: int) -> tuple[list[str], dict[str, str], bool]:
-    """Isolate this process as far as the kernel allows; return (protections, missing protections, in PID ns)."""
+class _SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+def _confine(job: dict) -> None:
+    """The untrusted child's last steps before the program: its process limit, no capabilities, no memfd."""
+    resource.setrlimit(resource.RLIMIT_NPROC, (job["max_processes"], job["max_processes"]))
+    _drop_capabilities()
+    if os.uname().machine in _SECCOMP_ARCHITECTURES:
+        _refuse_memfd()
+
+
+def _bind_read_only(source: str, target: str) -> None:
+    _mount(source, target, None, _MS_BIND | _MS_REC)
+    kept = os.statvfs(target).f_flag
+    flags = sum(flag for statvfs_flag, flag in _KEPT_FLAGS.items() if kept & statvfs_flag)
+    _mount(None, target, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | flags)
+
+
+def _enter_view(root: str, job: dict, protections: list[str], missing: dict[str, str]) -> None:
+    """Build the program's filesystem on the empty directory `root` and make it the root directory.
+
+    It holds only what a Python program needs, read-only: the interpreter, the libraries it loads, the standard
+    library (its site-packages hidden) and the allowed packages, a few devices (``job["view"]``, chosen and laid out
+    by the sandbox), and the namespace's own ``/proc``; a private tmpfs, bounded in bytes and in files, is ``/tmp`` and
+    ``/dev/shm``. `root` itself is removed from the host as soon as nothing is mounted on it, so a killed trainer
+    leaves no directory behind.
+    """
+    host_parent = os.open(os.path.dirname(root), os.O_PATH | os.O_DIRECTORY)
+    try:
+        _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
+        _mount("tmpfs", root, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m,nr_inodes=4096,mode=0755")
+        view = job["view"]  # laid out by the sandbox (`stapo_trl.code.sandbox._layout`): the host's paths to show
+        for directory in view["directories"]:  # parents first
+            os.mkdir(root + directory)
+        for link, target in view["links"].items():
+            os.symlink(target, root + link)
+        for path, kind in view["binds"].items():
+            if kind == "directory":
+                os.makedirs(root + path, exist_ok=True)
+            else:
+                os.close(os.open(root + path, os.O_CREAT | os.O_WRONLY, 0o600))
+            _bind_read_only(path, root + path)
+        for path in view["hidden"]:  # site-packages inside the standard library's directory
+            _mount(
+                "tmpfs", root + path, "tmpfs", _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, "size=4k,mode=0555"
+            )
+        for name, target in (
+            ("fd", "/proc/self/fd"),
+            ("stdin", "/proc/self/fd/0"),
+            ("stdout", "/proc/self/fd/1"),
+            ("stderr", "/proc/self/fd/2"),
+        ):
+            os.symlink(target, f"{root}/dev/{name}")
+        scratch_bytes = int(job["tmpfs_bytes"])
+        scratch = f"{root}/scratch"
+        for directory in (scratch, f"{root}/tmp", f"{root}/dev/shm", f"{root}/proc"):
+            os.mkdir(directory)
+        _mount("tmpfs", scratch, "tmpfs", _MS_NOSUID | _MS_NODEV, f"size={scratch_bytes},nr_inodes={_SCRATCH_INODES}")
+        for name, target in (("tmp", f"{root}/tmp"), ("shm", f"{root}/dev/shm")):  # one budget for both
+            os.mkdir(f"{scratch}/{name}")
+            os.chmod(f"{scratch}/{name}", 0o1777)
+            _mount(f"{scratch}/{name}", target, None, _MS_BIND)
+        _check(_libc.umount2(scratch.encode(), _MNT_DETACH), f"umount {scratch}")
+        os.rmdir(scratch)
+        protections.append(
+            f"private /tmp and /dev/shm: a tmpfs of {scratch_bytes} bytes and {_SCRATCH_INODES} files in all"
+        )
+        _mount("proc", f"{root}/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+        limit = _RESERVED_PIDS + int(job["max_processes"])
+        try:
+            _write(f"{root}/proc/sys/kernel/pid_max", str(limit))  # the kernel's minimum is 301
+            protections.append(f"pid_max of the PID namespace: fewer than {limit} processes and threads")
+        except OSError as error:  # before Linux 6.14 pid_max is global
+            missing["pid_max of the PID namespace"] = str(error)
+        try:  # System V shared memory: segments outlive their mappings, like memfd (the IPC namespace's own limit)
+            _write(f"{root}/proc/sys/kernel/shmall", "0")
+            protections.append("System V shared memory refused (shmall 0 in the IPC namespace)")
+        except OSError as error:
+            missing["System V shared memory refused"] = str(error)
+        for name in _PROC_READ_ONLY:
+            if os.path.exists(f"{root}/proc/{name}"):
+                _bind_read_only(f"{root}/proc/{name}", f"{root}/proc/{name}")
+        _mount(None, root, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
+        os.chdir(root)
+        _mount(root, "/", None, _MS_MOVE)
+        os.chroot(".")
+        os.chdir("/tmp")
+        protections += [
+            "own root: the interpreter, its standard library and the allowed packages, read-only; no host file else",
+            "own /proc (the sandbox's processes only; kernel settings read-only)",
+        ]
+        try:
+            os.rmdir(os.path.basename(root), dir_fd=host_parent)
+        except OSError:
+            pass  # the sandbox deletes it when the run ends
+    finally:
+        os.close(host_parent)
+    os.environ.update(HOME="/tmp", TMPDIR="/tmp")
+
+
+def isolate(workdir: str, job: dict) -> tuple[list[str], dict[str, str], bool]:
+    """Isolate this process as far as the kernel allows; return (protections, missing protections, in PID ns).
+
+    In namespaces, what returns is the first process of the new PID namespace (this one waits for it and exits with
+    its status: when the harness dies, the kernel kills the namespace). Raises ``OSError`` when the namespaces exist
+    but the program's filesystem cannot be built: the program must not run then.
+    """
     protections, missing = [], {}
     uid, gid = os.getuid(), os.getgid()
     flags = _CLONE_NEWUSER | _CLONE_NEWNS | _CLONE_NEWNET | _CLONE_NEWPID | _CLONE_NEWIPC | _CLONE_NEWUTS
@@ -155,56 +277,26 @@ def isolate(workdir: str, tmpfs_bytes: int) -> tuple[list[str], dict[str, str], 
         _check(_libc.unshare(flags), "unshare")
     except OSError as error:
         reason = f"unshare(user, mount, network, PID) failed: {error}"
-        for name in (
-            "network namespace",
-            "PID namespace",
-            "read-only filesystem",
-            "private tmpfs",
-        ):
+        for name in ("network namespace", "PID namespace", "own root"):
             missing[name] = reason
         return protections, missing, False
     _write("/proc/self/setgroups", "deny")
-    _write("/proc/self/uid_map", f"{uid} {uid} 1")
-    _write("/proc/self/gid_map", f"{gid} {gid} 1")
+    # The trainer's ids become the namespace's 0: the owner of its IPC settings, which the namespace's first process
+    # sets (shmall). A program gains nothing by it: it has no capabilities, and uid 0 regains none by exec.
+    _write("/proc/self/uid_map", f"0 {uid} 1")
+    _write("/proc/self/gid_map", f"0 {gid} 1")
     protections += [
         "user namespace",
         "network namespace (no interfaces)",
         "PID namespace",
         "IPC namespace",
     ]
-    try:
-        _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
-        _mount(
-            "tmpfs",
-            workdir,
-            "tmpfs",
-            _MS_NOSUID | _MS_NODEV,
-            f"size={tmpfs_bytes},mode=0700",
-        )
-        os.chdir(workdir)
-        protections.append(f"private tmpfs of {tmpfs_bytes} bytes as the working directory")
-    except OSError as error:
-        missing["private tmpfs"] = str(error)
-    failures = []
-    for point, kept in _mount_points():
-        if point == workdir:
-            continue
-        try:
-            _mount(None, point, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | kept)
-        except OSError as error:
-            failures.append(f"{point} ({error.strerror})")
-    if any(failure.startswith("/ (") for failure in failures):
-        missing["read-only filesystem"] = "; ".join(failures)
-    else:
-        protections.append("read-only filesystem" + (f" except {', '.join(failures)}" if failures else ""))
-    # A read-only mount does not stop connect() on a Unix socket file: hide where services keep theirs (the
-    # container engine's, D-Bus, systemd), unless the working directory lives there.
-    if os.path.isdir("/run") and not os.path.islink("/run") and not workdir.startswith("/run/"):
-        try:
-            _mount("tmpfs", "/run", "tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC | _MS_RDONLY, "size=4k")
-            protections.append("/run hidden (service sockets)")
-        except OSError as error:
-            missing["/run hidden"] = str(error)
+    pid = os.fork()
+    if pid != 0:  # wait for the namespace's first process; when it ends, the kernel kills the namespace
+        _, wait_status = os.waitpid(pid, 0)
+        os._exit(os.waitstatus_to_exitcode(wait_status) & 0xFF)
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    _enter_view(workdir, job, protections, missing)
     return protections, missing, True
 
 
@@ -325,8 +417,7 @@ def _run_untrusted(job: dict, value) -> None:
     try:
         cpu = math.ceil(float(job["timeout"])) + 1
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
-        resource.setrlimit(resource.RLIMIT_NPROC, (job["max_processes"], job["max_processes"]))
-        _drop_capabilities()
+        _confine(job)
         # Fresh standard streams on descriptors 0 and 1, the input and the captured output.
         sys.stdin = open(0, closefd=False)
         sys.stdout = open(1, "w", closefd=False)
@@ -372,6 +463,43 @@ def _encode_non_json_item(item):
     return json.loads(json.dumps(item, default=_encode_non_json))
 
 
+def _bound_memory(job: dict) -> tuple[list[str], dict[str, str]]:
+    """Bound the memory of the whole program, not of each process; make it the first to die when memory runs out."""
+    protections, missing = [], {}
+    _write("/proc/self/oom_score_adj", "1000")  # inherited by every process of the program
+    with open("/proc/self/status") as status:
+        effective = next(int(line.split()[1], 16) for line in status if line.startswith("CapEff:"))
+    # Written with CAP_SYS_RESOURCE, 1000 is also the least the program may set; without, it may go back to 0.
+    floor = 1000 if effective & (1 << _CAP_SYS_RESOURCE) else 0
+    protections.append(
+        f"oom_score_adj 1000 (the program may lower it to {floor}): the out-of-memory killer takes it before others"
+    )
+    total, each, processes = int(job["memory_bytes"]), int(job["limits"]["memory_bytes"]), int(job["max_processes"])
+    if os.uname().machine in _SECCOMP_ARCHITECTURES:
+        protections.append("memfd_create and memfd_secret refused (seccomp)")
+    else:
+        missing["memfd_create refused"] = f"no seccomp filter for {os.uname().machine}"
+    if job["memory_cgroup"]:
+        try:
+            _write(os.path.join(job["memory_cgroup"], "cgroup.procs"), str(os.getpid()))  # before any fork
+            protections.append(f"memory cgroup: {total} bytes for the whole program, tmpfs and kernel memory included")
+            return protections, missing
+        except OSError as error:
+            reason = f"joining {job['memory_cgroup']} failed: {error}"
+    else:
+        reason = job["memory_cgroup_missing"]
+    if os.getuid() != 0:  # RLIMIT_NPROC never binds root
+        protections.append(
+            f"memory bound of {total} bytes for the whole program: {processes} processes and threads of {each} bytes "
+            f"of address space each (no memory cgroup: {reason})"
+        )
+    else:
+        missing["memory bound for the whole program"] = (
+            f"no memory cgroup ({reason}) and RLIMIT_NPROC does not bind root: each process has {each} bytes"
+        )
+    return protections, missing
+
+
 def main() -> None:
     job_file = sys.argv[1]
     with open(job_file) as file:
@@ -382,35 +510,24 @@ def main() -> None:
 
     sys.path.remove(job["package_root"])
     bound_self(job["parent_pid"], Limits(**job["limits"]))  # the death signal and limits `popen` would have set
-    sys.path.extend(job["site_packages"])  # started with -S: the installed packages, without running .pth files
-    workdir = os.getcwd()
-    protections, missing, in_pid_namespace = (
-        isolate(workdir, int(job["tmpfs_bytes"])) if job["isolate"] else ([], {"all": "isolate=False"}, False)
-    )
-    if in_pid_namespace:
-        pid = os.fork()
-        if pid != 0:  # wait for the namespace's first process; when it ends, the kernel kills the namespace
-            _, wait_status = os.waitpid(pid, 0)
-            os._exit(os.waitstatus_to_exitcode(wait_status) & 0xFF)
-        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    sys.path.extend(job["sys_path"])  # started with -S: the allowed packages, without running .pth files
+    protections, missing = _bound_memory(job)
+    if job["isolate"]:
         try:
-            _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
-            protections.append("own /proc (the sandbox's processes only)")
-        except OSError as error:  # a /proc partly hidden by the host refuses a second mount
-            missing["own /proc"] = str(error)
-        try:
-            _write(
-                "/proc/sys/kernel/pid_max",
-                str(_RESERVED_PIDS + int(job["max_processes"])),  # the kernel's minimum is 301
+            isolated, isolation_missing, in_pid_namespace = isolate(os.getcwd(), job)
+        except OSError as error:
+            os.write(
+                1, (json.dumps({"error": f"the sandbox's filesystem could not be built: {error}"}) + "\n").encode()
             )
-            limit = _RESERVED_PIDS + int(job["max_processes"])
-            protections.append(f"pid_max of the PID namespace: fewer than {limit} processes and threads")
-        except OSError as error:  # before Linux 6.14 pid_max is global
-            missing["pid_max of the PID namespace"] = str(error)
+            os._exit(0)
+        protections, missing = isolated + protections, {**isolation_missing, **missing}
     else:
+        in_pid_namespace = False
+        missing["all namespaces"] = "isolate=False"
+    if not in_pid_namespace:
         _prctl(_PR_SET_CHILD_SUBREAPER, 1)
         protections.append("child subreaper: what a program leaves running is killed after it")
-    out = os.fdopen(1, "w", closefd=False)
+    out = os.fdopen(1, "w", encoding="utf-8", closefd=False)
     out.write(json.dumps({"protections": protections, "missing": missing}) + "\n")
     out.flush()
     try:
@@ -423,7 +540,7 @@ def main() -> None:
     gc.freeze()  # the children's garbage collector then leaves these objects (and their shared pages) alone
     for value in job["inputs"]:
         frame = _run_input(job, value, in_pid_namespace)
-        out.write(json.dumps(frame) + "\n")
+        out.write(json.dumps(frame, ensure_ascii=False) + "\n")  # U+FFFD: 3 bytes, not 6
         out.flush()
         if frame["status"] != "ok":
             break
