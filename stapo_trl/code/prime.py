@@ -52,7 +52,8 @@ PREAMBLE = (
     "sys.setrecursionlimit(6*10**5)\n"
 )
 
-_CALL_GUARD = "import builtins as _builtins\n_builtins.exit = _builtins.quit = None\n"
+# Its reliability_guard: exit and quit are None.
+_GUARD = "import builtins\nbuiltins.exit = builtins.quit = None\n"
 
 
 def extract_program(text: str, tests: CodeTests | None = None) -> str | None:
@@ -64,8 +65,8 @@ def extract_program(text: str, tests: CodeTests | None = None) -> str | None:
 def prepare_program(program: str, tests: CodeTests) -> str:
     """The program as PRIME runs it: after its preamble, a standard-input program wrapped into ``code()``."""
     if tests.fn_name is not None:
-        return _CALL_GUARD + PREAMBLE + program + bind_solution_method(program, tests.fn_name)
-    return stdin_driver(PREAMBLE + _wrap_in_function(program), function="code", disabled_builtins=("exit", "quit"))
+        return _GUARD + PREAMBLE + program + bind_solution_method(program, tests.fn_name)
+    return stdin_driver(PREAMBLE + _wrap_in_function(program), function="code", setup=_GUARD)
 
 
 def _wrap_in_function(program: str) -> str:

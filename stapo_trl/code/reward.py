@@ -365,7 +365,7 @@ def call_method(method, inputs):
 inputs = sys.stdin.read()
 os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
 sys.stdin = open(0, closefd=False)
-{disable_builtins}
+{setup}
 module = types.ModuleType("tmp_sol")
 exec(compile(SOURCE, "<string>", "exec"), module.__dict__)
 captured, real_stdout = io.StringIO(), sys.stdout
@@ -379,21 +379,18 @@ real_stdout.write(captured.getvalue())
 
 
 def stdin_driver(
-    source: str, *, function: str, disabled_builtins: Sequence[str], stdin_class: str = "", stdin_factory="io.StringIO"
+    source: str, *, function: str, setup: str = "", stdin_class: str = "", stdin_factory: str = "io.StringIO"
 ) -> str:
     """A program that runs `source`'s `function` on its standard input as APPS-derived harnesses do (see above).
 
     Args:
         source: The wrapped program (a module defining `function`).
         function: The function that holds the program's statements.
-        disabled_builtins: Builtins set to ``None`` while it runs (their ``reliability_guard``).
+        setup: Statements run before the program loads (their ``reliability_guard``: builtins set to ``None``).
         stdin_class: Source of a class the standard-input object is made of, when not a ``StringIO``.
         stdin_factory: What makes the standard-input object from the input text.
     """
-    disable = "".join(f"builtins.{name} = None\n" for name in disabled_builtins)
-    driver = _STDIN_DRIVER.format(
-        stdin_class=stdin_class, stdin_factory=stdin_factory, disable_builtins=disable, function=function
-    )
+    driver = _STDIN_DRIVER.format(stdin_class=stdin_class, stdin_factory=stdin_factory, setup=setup, function=function)
     return f"SOURCE = {source!r}\n{driver}"
 
 

@@ -3,7 +3,8 @@
 - Program (``lcb_runner/utils/extraction_utils.extract_code``, chat models): the lines between the last two lines
   that contain a fence ```` ``` ````; fewer than two such lines: no program.
 - Preamble: its ``import_string`` (``from math import *``, ``collections``, ``sys``... and
-  ``sys.setrecursionlimit(50000)``); ``quit`` is ``None`` (its ``reliability_guard``), ``exit`` works.
+  ``sys.setrecursionlimit(50000)``); ``quit`` is ``None`` (its ``reliability_guard``), ``exit`` works; integers
+  convert to and from text up to 50000 digits (``sys.set_int_max_str_digits``, set by its metrics module).
 - Standard-input programs: a final ``if __name__ == '__main__':`` block unwrapped, every statement but the imports
   moved into ``wrapped_function()`` (by the syntax tree), called with ``sys.stdin`` its mock (``readline`` without
   the newline, ``buffer.read()`` the bytes) and ``open`` returning the input; ``SystemExit`` ends it normally.
@@ -46,7 +47,8 @@ PREAMBLE = (
 #: ``contest_date``, first and last day included, as ``lcb_runner``'s ``--start_date`` / ``--end_date`` select them.
 V6_WINDOW = ("2025-02-01", "2025-04-30")
 
-_QUIT_GUARD = "import builtins as _builtins\n_builtins.quit = None\n"
+# Its reliability_guard sets quit (not exit) to None; its metrics module lets int and str convert 50000 digits.
+_GUARD = "import builtins, sys\nbuiltins.quit = None\nsys.set_int_max_str_digits(50000)\n"
 
 # LiveCodeBench's standard input: readline and read as its patches make them, and a byte buffer.
 _MOCK_STDIN = """\
@@ -92,11 +94,11 @@ def extract_program(text: str, tests: CodeTests | None = None) -> str | None:
 def prepare_program(program: str, tests: CodeTests) -> str:
     """The program as LiveCodeBench runs it: after its preamble; a standard-input one inside ``wrapped_function``."""
     if tests.fn_name is not None:
-        return _QUIT_GUARD + PREAMBLE + "\n\n" + program + bind_solution_method(program, tests.fn_name)
+        return _GUARD + PREAMBLE + "\n\n" + program + bind_solution_method(program, tests.fn_name)
     return stdin_driver(
         _make_function(_clean_if_name(program)),
         function="wrapped_function",
-        disabled_builtins=("quit",),
+        setup=_GUARD,
         stdin_class=_MOCK_STDIN,
         stdin_factory="MockStdinWithBuffer",
     )
