@@ -56,6 +56,15 @@ CASES = [
     ("from_sys_import_stdin", fenced("from sys import stdin\nprint(int(stdin.readline()) // 4)\n"), ROOT_16, None),
     ("stdin_buffer", fenced("import sys\nprint(int(sys.stdin.buffer.read()) // 4)\n"), ROOT_16, None),
     ("open_0", fenced("print(int(open(0).read()) // 4)\n"), ROOT_16, None),
+    ("open_a_file", fenced("print(int(open('input.txt').read()) // 4)\n"), ROOT_16, None),
+    # The standard input of load time, which the preamble's `from sys import *` holds, is the patched one.
+    ("preamble_stdin_readline", fenced("print(repr(stdin.readline()))\n"), stdin_tests(["16\n"], ["'16'\n"]), None),
+    (
+        "sys_stdin_readline_keeps_newline",
+        fenced("import sys\nprint(repr(sys.stdin.readline()))\n"),
+        stdin_tests(["16\n"], ["'16\\n'\n"]),
+        None,
+    ),
     (
         "main_guard_last",
         fenced("def main():\n    print(int(input()) // 4)\nif __name__ == '__main__':\n    main()\n"),

@@ -11,8 +11,9 @@ program in this project's sandbox and the comparison in the trainer:
   fails, as under its ``reliability_guard``.
 - Standard-input programs: its wrapping: lines that do not start with ``import``/``from`` go into a function
   ``code()`` (a final ``if __name__ == '__main__':`` block unwrapped first), called with ``sys.stdin`` a
-  ``StringIO`` of the input (its ``readline`` gives lines without their newline) and ``open`` returning the input;
-  ``SystemExit`` ends the program normally; ``print`` output is captured.
+  ``StringIO`` of the input, the earlier standard input (what ``from sys import stdin`` holds) patched to give the
+  input's lines without their newline, and ``open`` returning the input (see `stdin_driver`); ``SystemExit`` ends
+  the program normally; ``print`` output is captured.
 - Output comparison (`stdout_matches`): its cascade of rules: equal after stripping the whole text (or each line),
   equal as lists of stripped non-empty lines, or, unless every line is a whole number, equal as one float per line
   under ``np.allclose``.

@@ -340,22 +340,23 @@ def run_program(
 
 
 # Runs a standard-input program the way PRIME's and LiveCodeBench's `call_method` and `Capturing` do (APPS's
-# harness, which both derive from): the module loads with standard input empty (their multiprocessing child has
-# /dev/null there, descriptor 0 included, so open(0) reads nothing: ``from io import *`` in their preamble makes
-# open the real one); then its function runs with sys.stdin an object over the input whose readline gives lines without
-# their newline, open() returning the input, SystemExit a normal end, and print output captured. Their
-# unittest.mock patches are plain assignments here: importing unittest.mock in every test's child would cost more
-# than the test.
+# harness, which both derive from). The module loads with standard input empty (their multiprocessing child has
+# /dev/null there, descriptor 0 included, so open(0) reads nothing: ``from io import *`` in their preamble makes open
+# the real one). Their stacked unittest.mock patches take effect innermost first: readline (the input's lines
+# without their newline), readlines and read are set on the standard-input object of the time, the one the
+# program's module-level names (``from sys import *``, ``from sys import stdin``) hold, and only then is sys.stdin
+# replaced by a fresh object over the input, and open made to return the input. SystemExit ends the program
+# normally; print output is captured. The patches are plain assignments here: importing unittest.mock in every
+# test's child would cost more than the test.
 _STDIN_DRIVER = """\
 import builtins, io, os, sys, types
 {stdin_class}
 def call_method(method, inputs):
     inputs_line_iterator = iter(inputs.split("\\n"))
-    stdin = {stdin_factory}(inputs)
-    stdin.readline = lambda *args: next(inputs_line_iterator)
-    stdin.readlines = lambda *args: inputs.split("\\n")
-    stdin.read = lambda *args: inputs
-    sys.stdin = stdin
+    sys.stdin.readline = lambda *args: next(inputs_line_iterator)
+    sys.stdin.readlines = lambda *args: inputs.split("\\n")
+    sys.stdin.read = lambda *args: inputs
+    sys.stdin = {stdin_factory}(inputs)
     builtins.open = lambda *args, **kwargs: io.StringIO(inputs)
     try:
         return method()

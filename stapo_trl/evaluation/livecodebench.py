@@ -6,8 +6,9 @@
   ``sys.setrecursionlimit(50000)``); ``quit`` is ``None`` (its ``reliability_guard``), ``exit`` works; integers
   convert to and from text up to 50000 digits (``sys.set_int_max_str_digits``, set by its metrics module).
 - Standard-input programs: a final ``if __name__ == '__main__':`` block unwrapped, every statement but the imports
-  moved into ``wrapped_function()`` (by the syntax tree), called with ``sys.stdin`` its mock (``readline`` without
-  the newline, ``buffer.read()`` the bytes) and ``open`` returning the input; ``SystemExit`` ends it normally.
+  moved into ``wrapped_function()`` (by the syntax tree), called with ``sys.stdin`` its mock (``buffer.read()`` the
+  bytes) and ``open`` returning the input, the earlier standard input patched as its ``call_method`` does (see
+  `stdin_driver`); ``SystemExit`` ends it normally.
 - Output comparison (`stdout_matches`): the same number of lines once the whole text and each line are stripped;
   each line equal, or equal as ``Decimal`` tokens (``2.50`` is ``2.5``, ``1.0`` is ``1``).
 - Functional problems: arguments and the expected value are JSON, one argument per line; a tuple counts as a list,
@@ -50,7 +51,7 @@ V6_WINDOW = ("2025-02-01", "2025-04-30")
 # Its reliability_guard sets quit (not exit) to None; its metrics module lets int and str convert 50000 digits.
 _GUARD = "import builtins, sys\nbuiltins.quit = None\nsys.set_int_max_str_digits(50000)\n"
 
-# LiveCodeBench's standard input: readline and read as its patches make them, and a byte buffer.
+# LiveCodeBench's standard input during the call (its MockStdinWithBuffer, verbatim but for the names' spelling).
 _MOCK_STDIN = """\
 class MockBuffer:
     def __init__(self, inputs):
@@ -67,6 +68,15 @@ class MockStdinWithBuffer:
         self.inputs = inputs
         self._stringio = io.StringIO(inputs)
         self.buffer = MockBuffer(inputs)
+
+    def read(self, *args):
+        return self.inputs
+
+    def readline(self, *args):
+        return self._stringio.readline(*args)
+
+    def readlines(self, *args):
+        return self.inputs.split("\\n")
 
     def __getattr__(self, name):
         return getattr(self._stringio, name)
