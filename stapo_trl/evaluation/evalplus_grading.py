@@ -13,11 +13,15 @@ programs in this project's sandbox.
   otherwise, with a tolerance (the record's ``atol``, or 1e-6 once an expected value was a float), the same type and
   length and ``np.allclose(rtol=1e-7)``.
 
-Known differences: inputs run each in a forked process (EvalPlus calls them one after another in one process, so
-state a function keeps between calls starts afresh here); its per-problem cap (60 s + 3 s for all inputs together)
-is not applied; the time limit here also covers loading the program, not just the call; the syntax tree is
-Python's ``ast`` where EvalPlus uses tree-sitter, which reads the same for programs that parse (the sanitizer only
-looks at a run of lines that parses).
+Known differences (the agreement tests in ``tests/test_evaluation_evalplus.py`` show them): EvalPlus 0.3.1's
+``find_zero`` branch moves to the next input before recording the current one as passed, so every program fails
+HumanEval/32 there, its canonical solution included; here its oracle decides. Inputs run each in a forked process
+(EvalPlus calls them one after another in one process, so state a function keeps between calls starts afresh
+here). A returned object whose ``__eq__`` says yes to anything crosses the sandbox's wall as its ``repr`` and
+equals nothing. The base and plus inputs are judged as one list, so a float tolerance forced by a base value also
+holds for the plus values (EvalPlus restarts at the plus inputs). Its per-problem cap (60 s + 3 s for all inputs
+together) is not applied, and the time limit here also covers loading the program, not only the call. The syntax
+tree is Python's ``ast`` where EvalPlus uses tree-sitter, which reads the same for the run of lines that parses.
 """
 
 from __future__ import annotations
