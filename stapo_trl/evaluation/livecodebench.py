@@ -176,6 +176,8 @@ def decode_private_tests(encoded: list[str], timeout: float = 60.0) -> list[list
 
     Raises ``ValueError`` naming the problem (by position) whose text does not load as a JSON list of tests.
     """
+    if not encoded:
+        return []
     sandbox = LocalSandbox(max_output_bytes=1 << 30)  # a few problems hold hundreds of MB of tests
     outputs = run_program(_PRIVATE_TESTS_DECODER, encoded, timeout=timeout, executor=sandbox)
     decoded = []
