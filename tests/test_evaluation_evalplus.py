@@ -3,8 +3,11 @@ trusted_exec for the expected values and times, untrusted_check on the base and 
 solutions; the differences that remain are marked with their reason. The sanitizer (tree-sitter in EvalPlus, not
 installed here) is checked against outputs worked out from its rules."""
 
+import random
+import sys
+
 import pytest
-from peer_cases import peer_verdicts
+from peer_cases import PEERS, peer_verdicts
 
 from stapo_trl.code.reward import CodeTests, run_tests
 from stapo_trl.evaluation.evalplus_grading import HUMANEVAL_PLUS, MBPP_PLUS, expected_outputs, sanitize
@@ -310,3 +313,51 @@ def test_time_limits_follow_the_canonical_solution():
 )
 def test_sanitize(text, entry_point, program):
     assert sanitize(text, entry_point) == program
+
+
+SANITIZE_CASES = test_sanitize.pytestmark[0].args[1]
+
+
+def test_sanitize_agrees_with_evalplus_tree_sitter_sanitizer():
+    """Where tree-sitter is installed (not a dependency): EvalPlus's own sanitizer on the cases above, every
+    agreement case bare and inside a chat answer, and 300 random mixes of code, prose and fence lines."""
+    pytest.importorskip("tree_sitter_python")
+    sys.path.insert(0, str(PEERS))
+    try:
+        from evalplus.sanitize import sanitize as evalplus_sanitize
+    finally:
+        sys.path.remove(str(PEERS))
+    texts = [(text, entry_point) for text, entry_point, _ in SANITIZE_CASES]
+    for _, key, solution, _ in CASES:
+        entry_point = PROBLEMS[key][1]["entry_point"]
+        texts += [
+            (solution, entry_point),
+            (f"Sure:\n```python\n{solution}```\nA test:\n```python\nprint(1)\n```\n", entry_point),
+        ]
+    pool = [
+        "def f(x):",
+        "    return g(x)",
+        "def g(y):",
+        "    return y * 2",
+        "import os",
+        "x = 1",
+        "Some prose.",
+        "```python",
+    ]
+    pool += [
+        "```",
+        "",
+        "class A:",
+        "    def m(self):",
+        "        return 1",
+        "@dec",
+        "a, b = 1, 2",
+        "print(f(1))",
+        "if True:",
+    ]
+    pool += ["    pass", "K: int = 3", "async def f(x):", "    return await x"]
+    generator = random.Random(0)
+    texts += [("\n".join(generator.choices(pool, k=generator.randint(2, 14))), "f") for _ in range(300)]
+    assert [sanitize(text, entry) for text, entry in texts] == [
+        evalplus_sanitize(text, entry) for text, entry in texts
+    ]
