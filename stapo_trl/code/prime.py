@@ -21,11 +21,12 @@ program in this project's sandbox and the comparison in the trainer:
   counts as a list; the expected value ``[v]`` also accepts ``v``; a list of tuples also counts as a list of lists.
 - 5 s per test.
 
-Known differences, each with its reason (the agreement tests in ``tests/test_code_prime.py`` show every one):
-call-based tests whose inputs are argument lists (APPS's layout) fail every program under PRIME, which splits them
-as text, and are run here with those arguments; PRIME also bounds all tests of one program together by 6 s of wall
-time and converts digit-string keys of a first dict argument to ints, which is not done here; a program writing to
-``sys.__stdout__`` or descriptor 1 directly is read here and not there.
+Known differences, each with its reason (``tests/test_code_prime.py`` marks the first two among its agreement cases
+with veRL's own code): tests in APPS's layout, argument lists for a function or a list of lines for a text, fail
+every program under PRIME (it splits the arguments as text; its ``truncatefn`` asserts a str) and run here with
+those arguments and the lines joined; PRIME also bounds all tests of one program together by 6 s of wall time and
+makes a first dict argument's digit keys ints, which is not done here; a program writing to ``sys.__stdout__`` or
+descriptor 1 directly is read here and not there.
 
 The paper's Table 3 numbers come from training with this reward; whether veRL's partial credit was on (its default
 for Eurus' code sources passes ``continuous=True``) the paper does not say. Its STAPO objective and the +1/-1 reward
