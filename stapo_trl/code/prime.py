@@ -29,9 +29,10 @@ makes a first dict argument's digit keys ints, which is not done here; a program
 descriptor 1 directly is read here and not there.
 
 The paper's Table 3 numbers come from training with this reward; whether veRL's partial credit was on (its default
-for Eurus' code sources passes ``continuous=True``) the paper does not say. Its STAPO objective and the +1/-1 reward
-of its math task suggest the binary form, the default here; ``partial_credit=True`` of `code_reward` gives veRL's
-continuous score (see there).
+for Eurus' code sources passes ``continuous=True``) the paper does not say. The binary form is the more likely and
+is the default here: the paper's analysis sorts answers into correct ones (positive advantage) and others, its code
+case study explains a positive reward by a flawed solution that "may still pass the evaluated test cases", and its
+math reward is +1/-1. ``partial_credit=True`` of `code_reward` gives veRL's continuous score (see there).
 """
 
 from __future__ import annotations
