@@ -73,10 +73,10 @@ def _livecodebench_file(tmp_path, records):
 
 def test_livecodebench_keeps_the_v6_window_and_names_bad_private_tests(tmp_path):
     sample = json.loads((SAMPLES_DIR / "livecodebench_v6.jsonl").read_text().splitlines()[0])
-    dates = ["2025-01-31T23:00:00", "2025-02-01T00:00:00", "2025-04-30T20:00:00", "2025-05-01T00:00:00"]
+    dates = ["2025-01-31T23:00:00", "2025-02-01T00:00:00", "2025-04-30T20:00:00", "2025-05-01T12:00:00"]
     records = [dict(sample, question_id=f"q{i}", contest_date=date) for i, date in enumerate(dates)]
     problems = CODE.load_benchmark(_livecodebench_file(tmp_path, records), SAMPLES_DIR)
-    assert problems["id"] == ["q1", "q2"]  # 2025-02-01 to 2025-04-30, both days included
+    assert problems["id"] == ["q1", "q2"]  # from 2025-02-01 00:00 to 2025-05-01 00:00
     with pytest.raises(ValueError, match="none of its 2 problems has a contest_date in LiveCodeBench v6's window"):
         CODE.load_benchmark(_livecodebench_file(tmp_path, [records[0], records[3]]), SAMPLES_DIR)
     not_json_text = base64.b64encode(zlib.compress(pickle.dumps([1, 2]))).decode()  # a list, not a JSON text

@@ -151,10 +151,10 @@ def _livecodebench_rows(records: list[dict], path: Path) -> list[dict[str, Any]]
     for number, record in enumerate(records, start=1):
         date = str(_field(record, "contest_date", path, number))
         try:
-            day = datetime.fromisoformat(date).replace(tzinfo=None)
+            released = datetime.fromisoformat(date).replace(tzinfo=None)
         except ValueError:
             raise ValueError(f"{path}: record {number}: 'contest_date' is not an ISO date: {date!r:.40}") from None
-        if start <= day.replace(hour=0, minute=0, second=0, microsecond=0) <= end:
+        if start <= released <= end:
             selected.append((number, record))
     if records and not selected:
         raise ValueError(

@@ -45,8 +45,9 @@ PREAMBLE = (
 )
 
 #: The problems of LiveCodeBench v6: released after release_v5 (to January 2025), up to release_v6 (April 2025), by
-#: ``contest_date``, first and last day included, as ``lcb_runner``'s ``--start_date`` / ``--end_date`` select them.
-V6_WINDOW = ("2025-02-01", "2025-04-30")
+#: ``contest_date``, as ``lcb_runner --start_date 2025-02-01 --end_date 2025-05-01`` selects them (both ends are
+#: midnight and included).
+V6_WINDOW = ("2025-02-01", "2025-05-01")
 
 # Its reliability_guard sets quit (not exit) to None; its metrics module lets int and str convert 50000 digits.
 _GUARD = "import builtins, sys\nbuiltins.quit = None\nsys.set_int_max_str_digits(50000)\n"

@@ -125,26 +125,20 @@ def extract_target_code_or_empty(code: str, entrypoint: Optional[str] = None) ->
             import_nodes.append(child)
         elif child.type == CLASS_TYPE:
             name = get_definition_name(child)
-            if not (
-                name in class_names or name in variable_names or name in function_names
-            ):
+            if not (name in class_names or name in variable_names or name in function_names):
                 definition_nodes.append((name, child))
                 class_names.add(name)
         elif child.type == FUNCTION_TYPE:
             name = get_definition_name(child)
-            if not (
-                name in function_names or name in variable_names or name in class_names
-            ) and has_return_statement(child):
+            if not (name in function_names or name in variable_names or name in class_names) and has_return_statement(
+                child
+            ):
                 definition_nodes.append((name, child))
                 function_names.add(get_definition_name(child))
-        elif (
-            child.type == EXPRESSION_TYPE and child.children[0].type == ASSIGNMENT_TYPE
-        ):
+        elif child.type == EXPRESSION_TYPE and child.children[0].type == ASSIGNMENT_TYPE:
             subchild = child.children[0]
             name = get_definition_name(subchild)
-            if not (
-                name in variable_names or name in function_names or name in class_names
-            ):
+            if not (name in variable_names or name in function_names or name in class_names):
                 definition_nodes.append((name, subchild))
                 variable_names.add(name)
 
