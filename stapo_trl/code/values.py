@@ -7,6 +7,7 @@ only: `sandbox_harness.py` imports it) tags what JSON lacks and `decode` (in the
 
 - ``{"__tuple__": [...]}``, ``{"__set__": [...]}``, ``{"__frozenset__": [...]}``, ``{"__dict__": [[key, value], ...]}``
   (every dict, so non-string keys survive);
+- ``{"__float__": "nan"}`` (or ``"inf"``, ``"-inf"``): strict JSON has no such numbers;
 - ``{"__numpy__": [dtype, value]}`` for NumPy scalars, ``{"__ndarray__": [dtype, nested list]}`` for arrays;
 - ``{"__repr__": "..."}`` for anything else (a custom object): decoded as an `Opaque` value, equal to nothing, so
   an object whose ``__eq__`` always says yes earns nothing here.
