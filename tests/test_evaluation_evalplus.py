@@ -10,7 +10,7 @@ import pytest
 from peer_cases import PEERS, peer_verdicts
 
 from stapo_trl.code.reward import CodeTests, run_tests
-from stapo_trl.evaluation.evalplus_grading import HUMANEVAL_PLUS, MBPP_PLUS, expected_outputs, sanitize
+from stapo_trl.evaluation.evalplus_grading import HUMANEVAL_PLUS, MBPP_PLUS, base_and_plus, expected_outputs, sanitize
 
 
 def problem(prompt, canonical, entry_point, base, plus, atol=0.0):
@@ -58,6 +58,11 @@ PROBLEMS = {
     "halves": (
         "humaneval",
         problem("def halves(xs):\n", "    return [x / 2 for x in xs]\n", "halves", [[[1, 3]]], [[[0.2, 5]]]),
+    ),
+    # A float expected on a base input, a mixed list on a plus one: the tolerance EvalPlus forces does not carry over.
+    "mixed": (
+        "humaneval",
+        problem("def mixed(x):\n", "    return x / 2 if x < 10 else [x, x / 2]\n", "mixed", [[1]], [[20]]),
     ),
     "parity": ("humaneval", problem("def parity(n):\n", "    return n % 2 == 0\n", "parity", [[2], [3]], [[10]])),
     "find_zero": (
@@ -160,6 +165,8 @@ CASES = [
     ("halves_tuple", "halves", "def halves(xs):\n    return tuple(x / 2 for x in xs)\n", None),
     ("halves_numpy_array", "halves", "import numpy as np\ndef halves(xs):\n    return np.array(xs) / 2\n", None),
     ("halves_generator", "halves", "def halves(xs):\n    return (x / 2 for x in xs)\n", None),
+    ("mixed_exact", "mixed", "def mixed(x):\n    return x / 2 if x < 10 else [x, x / 2]\n", None),
+    ("mixed_close_on_plus", "mixed", "def mixed(x):\n    return x / 2 if x < 10 else [x, x / 2 + 1e-9]\n", None),
     ("parity_bool", "parity", "def parity(n):\n    return not n % 2\n", None),
     ("parity_int", "parity", "def parity(n):\n    return int(n % 2 == 0)\n", None),
     ("parity_str", "parity", "def parity(n):\n    return str(n % 2 == 0)\n", None),
@@ -233,7 +240,8 @@ def _tests(name):
     expected, limits = expected_outputs(
         record["prompt"], record["canonical_solution"], record["entry_point"], inputs, dataset
     )
-    return CodeTests(inputs, expected, record["entry_point"], record["atol"], tuple(limits))
+    tests = CodeTests(inputs, expected, record["entry_point"], record["atol"], tuple(limits))
+    return base_and_plus(tests, len(record["base_input"]))
 
 
 @pytest.fixture(scope="module")
@@ -247,7 +255,10 @@ def verdicts():
     )
     tests = {key: _tests(key) for key in PROBLEMS}
     harness = {"humaneval": HUMANEVAL_PLUS, "mbpp": MBPP_PLUS}
-    ours = [run_tests(solution, tests[key], harness=harness[PROBLEMS[key][0]]).passed for _, key, solution, _ in CASES]
+    ours = [
+        all(run_tests(solution, part, harness=harness[PROBLEMS[key][0]]).passed for part in tests[key])
+        for _, key, solution, _ in CASES
+    ]
     return dict(zip((name for name, *_ in CASES), zip(peer, ours)))
 
 

@@ -22,6 +22,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from typing import Any
 from datasets import Dataset
 
 from ..code import values
-from ..code.reward import CodeTests, Harness, code_reward, default_workers, parse_tests
+from ..code.reward import Harness, code_reward, default_workers, parse_tests
 from . import evalplus_grading, livecodebench
 from .benchmarks import Benchmark
 from .task import Task
@@ -114,14 +115,15 @@ def _evalplus_rows(records: list[dict], path: Path, dataset: str) -> list[dict[s
     problems = []
     for number, record in enumerate(records, start=1):
         task_id = _field(record, "task_id", path, number)
-        inputs = list(record.get("base_input") or []) + list(record.get("plus_input") or [])
+        base, plus = list(record.get("base_input") or []), list(record.get("plus_input") or [])
+        inputs = base + plus
         if not inputs:
             raise ValueError(f"{path}: record {number} ({task_id}): fields 'base_input' and 'plus_input' are empty")
         fields = [_field(record, name, path, number) for name in ("prompt", "canonical_solution", "entry_point")]
-        problems.append((task_id, *fields, inputs, float(record.get("atol") or 0.0)))
+        problems.append((task_id, *fields, inputs, float(record.get("atol") or 0.0), len(base)))
 
     def expected(problem):
-        task_id, prompt, solution, entry_point, inputs, _ = problem
+        task_id, prompt, solution, entry_point, inputs, _, _ = problem
         try:
             return evalplus_grading.expected_outputs(prompt, solution, entry_point, inputs, dataset)
         except ValueError as error:
@@ -130,7 +132,7 @@ def _evalplus_rows(records: list[dict], path: Path, dataset: str) -> list[dict[s
     with ThreadPoolExecutor(default_workers()) as pool:
         oracles = list(pool.map(expected, problems))
     rows = []
-    for (task_id, prompt, _, entry_point, inputs, atol), (outputs, limits) in zip(problems, oracles):
+    for (task_id, prompt, _, entry_point, inputs, atol, base_count), (outputs, limits) in zip(problems, oracles):
         question = f"Write the Python function `{entry_point}` below.\n\n```python\n{prompt.rstrip()}\n```"
         tests = {
             "harness": dataset,
@@ -139,6 +141,7 @@ def _evalplus_rows(records: list[dict], path: Path, dataset: str) -> list[dict[s
             "fn_name": entry_point,
             "atol": atol,
             "timeouts": limits,
+            "base_count": base_count,
         }
         rows.append({"id": task_id, "prompt": _prompt(question), "problem": question, "tests": json.dumps(tests)})
     return rows
@@ -224,35 +227,31 @@ def grade_programs(
         fields = json.loads(value)
         harness = HARNESSES[fields["harness"]]
         row_tests = parse_tests(fields)
-        if harness is not HARNESSES["livecodebench"]:  # EvalPlus's expected values keep their Python types
-            row_tests = CodeTests(
-                row_tests.inputs,
-                [values.decode(output) for output in row_tests.outputs],
-                row_tests.fn_name,
-                row_tests.atol,
-                row_tests.timeouts,
-            )
+        if "base_count" in fields:  # EvalPlus: typed expected values; the base inputs, then the plus ones
+            typed = replace(row_tests, outputs=[values.decode(output) for output in row_tests.outputs])
+            parsed.append(evalplus_grading.base_and_plus(typed, fields["base_count"]))
+        else:
+            parsed.append([row_tests])
         harnesses.append(harness)
-        parsed.append(row_tests)
-    correct = [False] * len(completions)
+    correct = [True] * len(completions)
     for harness in set(harnesses):
-        rows = [row for row, row_harness in enumerate(harnesses) if row_harness is harness]
+        judged = [(row, part) for row, parts in enumerate(parsed) if harnesses[row] is harness for part in parts]
         rewards = code_reward(
-            [completions[row] for row in rows],
-            [parsed[row] for row in rows],
+            [completions[row] for row, _ in judged],
+            [part for _, part in judged],
             harness=harness,
             timeout=options.get("verification_timeout"),
             time_budget=math.inf,
         )
-        for row, reward in zip(rows, rewards):
-            correct[row] = reward == 1.0
+        for (row, _), reward in zip(judged, rewards):
+            correct[row] = correct[row] and reward == 1.0
     return [
         {
-            "extracted_answer": harness.extract_program(completion, row_tests),
+            "extracted_answer": harness.extract_program(completion, parts[0]),
             "correct": verdict,
             "grading": harness.name,
         }
-        for completion, harness, row_tests, verdict in zip(completions, harnesses, parsed, correct)
+        for completion, harness, parts, verdict in zip(completions, harnesses, parsed, correct)
     ]
 
 

@@ -7,7 +7,8 @@ programs in this project's sandbox.
   not parse. Nothing is put before the program: a ``List`` annotation needs the program's own import.
 - Expected values: the canonical solution (prompt + ``canonical_solution``) run on the base and plus inputs, timed
   (`expected_outputs`); for the tasks whose output only needs to be "not None", that fact.
-- Time per input: ``max(1 s, 4 x the canonical solution's time)``.
+- Time per input: ``max(1 s, 4 x the canonical solution's time)``. The base inputs, then the plus inputs, each
+  list judged on its own (`base_and_plus`); correct when both pass (EvalPlus's "plus" verdict).
 - Comparison (`output_matches`): Python's ``==`` (a tuple is not a list); its special oracles (HumanEval/32
   ``find_zero`` by the polynomial's value, MBPP tasks compared as sets, not-None tasks, Mbpp/164, 295, 558, 581);
   otherwise, with a tolerance (the record's ``atol``, or 1e-6 once an expected value was a float), the same type and
@@ -18,8 +19,7 @@ Known differences (the agreement tests in ``tests/test_evaluation_evalplus.py`` 
 HumanEval/32 there, its canonical solution included; here its oracle decides. Inputs run each in a forked process
 (EvalPlus calls them one after another in one process, so state a function keeps between calls starts afresh
 here). A returned object whose ``__eq__`` says yes to anything crosses the sandbox's wall as its ``repr`` and
-equals nothing. The base and plus inputs are judged as one list, so a float tolerance forced by a base value also
-holds for the plus values (EvalPlus restarts at the plus inputs). Its per-problem cap (60 s + 3 s for all inputs
+equals nothing. Its per-problem cap (60 s + 3 s for all inputs
 together) is not applied, and the time limit here also covers loading the program, not only the call. The syntax
 tree is Python's ``ast`` where EvalPlus uses tree-sitter, which reads the same for the run of lines that parses.
 """
@@ -216,6 +216,23 @@ def output_matches(out: Any, exp: Any, tests: CodeTests, index: int, dataset: st
             return False
         return bool(np.allclose(out, exp, rtol=1e-07, atol=atol))
     return bool(exact_match)
+
+
+def base_and_plus(tests: CodeTests, base_count: int) -> list[CodeTests]:
+    """The tests of the base inputs and of the plus inputs, judged one list after the other as EvalPlus judges them
+    (each in its own process there, and the tolerance it forces restarts with each)."""
+    parts = [slice(0, base_count), slice(base_count, len(tests.inputs))]
+    return [
+        CodeTests(
+            tests.inputs[part],
+            tests.outputs[part],
+            tests.fn_name,
+            tests.atol,
+            tests.timeouts[part] if tests.timeouts else None,
+        )
+        for part in parts
+        if part.start < part.stop
+    ]
 
 
 def _is_floats(x) -> bool:
