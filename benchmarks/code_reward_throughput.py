@@ -12,7 +12,8 @@ other:
 - "start": the wall time of one sandbox that runs an empty program on one input, one after the other (median of
   `--starts`); "per test": the extra wall time of each further input, from a 1-input and a 21-input job
   (median of the differences / 20);
-- "judging": `code_reward` on all completions with `JUDGE_WORKERS` threads (default: the CPU cores), the
+- "judging": `code_reward` (PRIME's harness: preamble, standard input wrapped) on all completions with its default
+  number of threads (the CPU cores), the
   wall time of the whole call, completions per second, and the CPU time it used in all processes ("CPU s": on a
   busy machine the wall time mostly measures the other load; CPU s / cores is the wall time the same work needs on
   idle cores when, as here, it keeps them all busy).
@@ -39,9 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from _common import describe_machine, markdown_table  # noqa: E402
 
-from stapo_trl.code import reward as reward_module  # noqa: E402
 from stapo_trl.code import sandbox  # noqa: E402
-from stapo_trl.code.reward import code_reward  # noqa: E402
+from stapo_trl.code.reward import code_reward, default_workers  # noqa: E402
 from stapo_trl.code.sandbox import Job, LocalSandbox  # noqa: E402
 
 
@@ -108,7 +108,7 @@ def main() -> None:
     print(describe_machine(torch.device("cpu")))
     isolation = LocalSandbox().isolation()
     print(f"Sandbox protections here: {isolation['protections']}; missing: {isolation['missing'] or 'none'}")
-    print(f"{args.completions} completions x {args.tests} tests, {reward_module.JUDGE_WORKERS} judging threads\n")
+    print(f"{args.completions} completions x {args.tests} tests, {default_workers()} judging threads\n")
 
     settings = [("namespaces", LocalSandbox()), ("limits only (isolate=False)", LocalSandbox(isolate=False))]
     results = [(name, measure(executor, args.completions, args.tests, args.starts)) for name, executor in settings]
@@ -132,7 +132,7 @@ def main() -> None:
             result["per test ms"],
             args.completions,
             args.tests,
-            reward_module.JUDGE_WORKERS,
+            default_workers(),
             result["seconds"],
             result["completions/s"],
             result["CPU s"],

@@ -3,6 +3,7 @@
 The command line (recipe, --method, --help, early checks) is stapo_trl.cli; this script wires the code task.
 """
 
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -11,8 +12,9 @@ from stapo_trl.cli import TOY, TrainingScript, TrainingScriptArguments, UsageErr
 
 DESCRIPTION = """\
 Train a model on code problems (Eurus-2-RL-Data's code split, as the paper) with STAPO or one of the paper's
-baselines (--method), rewarded +1/-1 by code_reward: the last ```python block of a completion passes every test
-of its problem, run in the local sandbox, or not. Writes the model, trainer_state.json (the logs) and
+baselines (--method), rewarded +1/-1 by code_reward as PRIME grades Eurus-2 (veRL's prime_code: its program
+extraction, preamble, standard-input wrapping and output comparison): the completion's program passes every test
+of its problem, run in the local sandbox, or not (--partial_credit: veRL's fraction of tests instead of -1). Writes the model, trainer_state.json (the logs) and
 results.json to --output_dir."""
 
 EXAMPLES = """\
@@ -52,6 +54,11 @@ class CodeScriptArguments(TrainingScriptArguments):
         metadata={"help": "Seconds of wall and CPU time per test (PRIME's code reward allows 5); a slower program "
                   "scores -1."},
     )  # fmt: skip
+    partial_credit: bool = field(
+        default=False,
+        metadata={"help": "veRL's partial credit for failing programs (the fraction f of the first 10 tests passed, "
+                  "as 2f - 1) instead of PRIME's -1; a program passing every test earns +1 either way."},
+    )  # fmt: skip
     judge_workers: int | None = field(
         default=None,
         metadata={"help": "Programs judged at once by each training process (default: its CPU cores)."},
@@ -90,15 +97,22 @@ def load_problems(script_args: CodeScriptArguments):
 def main(script_args: CodeScriptArguments, training_args, model_args) -> None:
     from stapo_trl import STAPOTrainer, code_reward
     from stapo_trl.cli import model_and_peft_config, train_and_save
-    from stapo_trl.code import reward
 
     if not script_args.test_timeout > 0:
         raise UsageError(f"--test_timeout {script_args.test_timeout}: must be a positive number of seconds.")
     if script_args.judge_workers is not None and script_args.judge_workers < 1:
         raise UsageError(f"--judge_workers {script_args.judge_workers}: must be at least 1.")
     train_dataset = load_problems(script_args)  # data first: a bad dataset fails before any model is loaded
-    reward.TIMEOUT_SECONDS = script_args.test_timeout
-    reward.JUDGE_WORKERS = script_args.judge_workers or reward.JUDGE_WORKERS
+    # The reward's settings as keyword arguments (as open-r1 configures its rewards); the name stays for TRL's logs.
+    reward = functools.update_wrapper(
+        functools.partial(
+            code_reward,
+            timeout=script_args.test_timeout,
+            workers=script_args.judge_workers,
+            partial_credit=script_args.partial_credit,
+        ),
+        code_reward,
+    )
 
     model_path, peft_config = model_and_peft_config(training_args, model_args)
     if script_args.max_prompt_length is not None:
@@ -112,7 +126,7 @@ def main(script_args: CodeScriptArguments, training_args, model_args) -> None:
             raise UsageError(f"--max_prompt_length {script_args.max_prompt_length}: every prompt is longer.")
     trainer = STAPOTrainer(
         model=model_path,
-        reward_funcs=code_reward,
+        reward_funcs=reward,
         args=training_args,
         train_dataset=train_dataset,
         peft_config=peft_config,

@@ -1,5 +1,6 @@
 """Programs for the code tests: known-correct and known-wrong solutions of the shipped sample problems
-(stapo_trl/code/samples/eurus_code.jsonl, in file order), and hostile programs.
+(stapo_trl/code/samples/eurus_code.jsonl, in file order; correct under PRIME's rules, the reward's), and hostile
+programs.
 
 Each hostile program's name says what it attempts; the sandbox tests check that it is contained.
 """
@@ -7,7 +8,7 @@ Each hostile program's name says what it attempts; the sandbox tests check that 
 CORRECT = [
     "a, b = map(int, input().split())\nprint(a + b)\n",
     "import sys\nlines = sys.stdin.read().split()\nn = int(lines[0])\nprint('\\n'.join(reversed(lines[1 : n + 1])))\n",
-    "numbers = list(map(int, open(0).read().split()))\nprint(max(numbers), min(numbers))\n",
+    "import sys\nnumbers = list(map(int, sys.stdin.read().split()))\nprint(max(numbers), min(numbers))\n",
     "def add(a, b):\n    return a + b\n",
     "class Solution:\n"
     "    def twoSum(self, nums, target):\n"

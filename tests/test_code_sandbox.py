@@ -94,7 +94,7 @@ def test_runs_a_program_on_each_input():
 def test_calls_a_function_and_returns_plain_values():
     program = "def f(a, b):\n    return (a + b, {b, a}, None, 0.5)\n"
     outputs = list(LocalSandbox().execute(Job(program, [[1, 2]], fn_name="f")))
-    assert outputs == [Output("ok", [3, {"__set__": [1, 2]}, None, 0.5])]
+    assert outputs == [Output("ok", {"__tuple__": [3, {"__set__": [1, 2]}, None, 0.5]})]  # stapo_trl.code.values
 
 
 def test_a_failing_input_ends_the_run_with_its_exception():

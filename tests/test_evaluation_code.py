@@ -1,11 +1,17 @@
-"""stapo_trl.evaluation.code_task: EvalPlus / LiveCodeBench records, expected outputs from the canonical solutions
-in the sandbox, the private tests behind their option, grading by the tests, and the CLI offline end to end."""
+"""stapo_trl.evaluation.code_task: EvalPlus / LiveCodeBench records, expected values and time limits from the
+canonical solutions in the sandbox, private tests loaded in the sandbox, the v6 window, grading by each benchmark's
+harness, and the CLI offline end to end. (The harnesses' rules: test_evaluation_evalplus.py and
+test_evaluation_livecodebench.py.)"""
 
+import base64
 import json
+import pickle
+import zlib
 from pathlib import Path
 
 import pytest
 
+from stapo_trl.code import values
 from stapo_trl.evaluation import cli, get_task, regrade
 from stapo_trl.evaluation import run as run_module
 from stapo_trl.evaluation.code_task import SAMPLES_DIR, grade_programs
@@ -16,7 +22,7 @@ CODE = get_task("code")
 
 # Programs written by hand for the shipped records: a correct one per problem, and wrong ones.
 CORRECT = {
-    "total": "def total(numbers: List[int]) -> int:\n    return sum(numbers)\n",  # List: from the prompt's imports
+    "total": "from typing import List\n\ndef total(numbers: List[int]) -> int:\n    return sum(numbers)\n",
     "mean": "def mean(xs):\n    return sum(xs) / len(xs)\n",
     "reverse_string": "def reverse_string(s):\n    return ''.join(reversed(s))\n",
     "min_max": "def min_max(items):\n    return (max(items), min(items))\n",
@@ -32,38 +38,58 @@ def completion(program: str) -> str:
     return f"Here is my solution.\n```python\n{program}```\n"
 
 
-def test_evalplus_expected_outputs_come_from_the_canonical_solution_in_the_sandbox():
+def test_evalplus_expected_values_and_time_limits_come_from_the_canonical_solution_in_the_sandbox():
     problems = CODE.load_benchmark("HumanEval+", SAMPLES_DIR)
     tests = {row["id"]: json.loads(row["tests"]) for row in problems}
-    assert tests["Toy/0"]["outputs"] == [3, 0, 7, 10**12 + 1]  # sums, by hand
-    assert tests["Toy/0"]["fn_name"] == "total" and tests["Toy/0"]["preamble"] == "from typing import List"
+    assert [values.decode(value) for value in tests["Toy/0"]["outputs"]] == [3, 0, 7, 10**12 + 1]  # sums, by hand
+    assert tests["Toy/0"]["fn_name"] == "total" and tests["Toy/0"]["harness"] == "humaneval"
     assert tests["Toy/1"]["outputs"] == pytest.approx([1.5, 0.2, 1.5000000005]) and tests["Toy/1"]["atol"] == 1e-6
+    # EvalPlus's limit: max(1 s, 4 x the canonical time); these sums take microseconds.
+    assert tests["Toy/0"]["timeouts"] == [1.0] * 4
     assert "def total(numbers: List[int]) -> int:" in problems[0]["prompt"][0]["content"]
     mbpp = CODE.load_benchmark("MBPP+", SAMPLES_DIR)
-    assert json.loads(mbpp[1]["tests"])["outputs"] == [[3, 1], [7, 7], [4, -5]]  # tuples come back as lists
+    outputs = [values.decode(value) for value in json.loads(mbpp[1]["tests"])["outputs"]]
+    assert outputs == [(3, 1), (7, 7), (4, -5)] and all(type(output) is tuple for output in outputs)
 
 
-def test_livecodebench_private_tests_are_decoded_only_when_asked(monkeypatch):
+def test_livecodebench_private_tests_are_loaded_in_the_sandbox_never_here(monkeypatch):
     import pickle
 
     def refuse(*args, **kwargs):
-        raise AssertionError("unpickled without private_tests=True")
+        raise AssertionError("unpickled in the evaluating process")
 
     monkeypatch.setattr(pickle, "loads", refuse)
-    public = CODE.load_benchmark("LiveCodeBench", SAMPLES_DIR)
-    assert [json.loads(row["tests"])["inputs"] for row in public] == [["1 2\n"], ["[1, 5, 2]"]]
-    assert public["private_tests_skipped"] == [True, True]
-    monkeypatch.undo()
-    full = CODE.load_benchmark("LiveCodeBench", SAMPLES_DIR, options={"private_tests": True})
-    assert json.loads(full[0]["tests"])["outputs"] == ["3\n", "7\n", "0\n"]  # as written into the sample file
-    assert json.loads(full[1]["tests"])["inputs"] == ["[1, 5, 2]", "[5, 1]", "[3, 3, 9]"]
-    assert json.loads(full[1]["tests"])["fn_name"] == "largestGap" and full["private_tests_skipped"] == [False] * 2
+    problems = CODE.load_benchmark("LiveCodeBench", SAMPLES_DIR)
+    assert json.loads(problems[0]["tests"])["outputs"] == ["3\n", "7\n", "0\n"]  # as written into the sample file
+    assert json.loads(problems[1]["tests"])["inputs"] == ["[1, 5, 2]", "[5, 1]", "[3, 3, 9]"]
+    assert json.loads(problems[1]["tests"])["fn_name"] == "largestGap"
+
+
+def _livecodebench_file(tmp_path, records):
+    path = tmp_path / "lcb.jsonl"
+    path.write_text("".join(json.dumps(record) + "\n" for record in records))
+    return f"LiveCodeBench={path}"
+
+
+def test_livecodebench_keeps_the_v6_window_and_names_bad_private_tests(tmp_path):
+    sample = json.loads((SAMPLES_DIR / "livecodebench_v6.jsonl").read_text().splitlines()[0])
+    dates = ["2025-01-31T23:00:00", "2025-02-01T00:00:00", "2025-04-30T20:00:00", "2025-05-01T12:00:00"]
+    records = [dict(sample, question_id=f"q{i}", contest_date=date) for i, date in enumerate(dates)]
+    problems = CODE.load_benchmark(_livecodebench_file(tmp_path, records), SAMPLES_DIR)
+    assert problems["id"] == ["q1", "q2"]  # from 2025-02-01 00:00 to 2025-05-01 00:00
+    with pytest.raises(ValueError, match="none of its 2 problems has a contest_date in LiveCodeBench v6's window"):
+        CODE.load_benchmark(_livecodebench_file(tmp_path, [records[0], records[3]]), SAMPLES_DIR)
+    not_json_text = base64.b64encode(zlib.compress(pickle.dumps([1, 2]))).decode()  # a list, not a JSON text
+    bad = [records[1], dict(records[2], private_test_cases=not_json_text)]
+    with pytest.raises(ValueError, match="private_test_cases of problem 2 do not load"):
+        CODE.load_benchmark(_livecodebench_file(tmp_path, bad), SAMPLES_DIR)
 
 
 def test_grading_runs_the_last_python_block_on_every_test():
     problems = {row["id"]: row["tests"] for name in CODE.benchmarks for row in CODE.load_benchmark(name, SAMPLES_DIR)}
     cases = [
         (completion(CORRECT["total"]), problems["Toy/0"], True),
+        (completion(CORRECT["total"].replace("from typing import List\n", "")), problems["Toy/0"], False),  # List?
         (completion("def total(numbers):\n    return sum(numbers[1:])\n"), problems["Toy/0"], False),
         (completion("def mean(xs):\n    return sum(xs) / len(xs) + 1e-3\n"), problems["Toy/1"], False),  # > atol
         (completion("def mean(xs):\n    return sum(xs) / len(xs) + 1e-9\n"), problems["Toy/1"], True),  # < atol
@@ -74,7 +100,12 @@ def test_grading_runs_the_last_python_block_on_every_test():
     ]
     grades = grade_programs([c for c, _, _ in cases], [t for _, t, _ in cases], {"verification_timeout": 2.0})
     assert [grade["correct"] for grade in grades] == [expected for _, _, expected in cases]
-    assert grades[4]["extracted_answer"] is None and grades[0]["extracted_answer"] == CORRECT["total"]
+    # EvalPlus's sanitizer: the imports, then the definitions the entry point needs, one after the other.
+    assert (
+        grades[0]["extracted_answer"]
+        == "from typing import List\ndef total(numbers: List[int]) -> int:\n    return sum(numbers)"
+    )
+    assert [grade["grading"] for grade in grades[:1] + grades[-1:]] == ["evalplus (humaneval)", "lcb_runner"]
 
 
 class ScriptedBackend:
@@ -101,17 +132,15 @@ class ScriptedBackend:
         return generations
 
 
-@pytest.mark.parametrize("private_tests", [False, True])
-def test_cli_evaluates_the_shipped_records_like_table_3(private_tests, tmp_path, monkeypatch, capsys):
+def test_cli_evaluates_the_shipped_records_like_table_3(tmp_path, monkeypatch, capsys):
     backend = ScriptedBackend()
     monkeypatch.setattr(run_module, "make_backend", lambda *args, **kwargs: backend)
     argv = ["--model", "Scripted=unused", "--benchmarks_dir", str(SAMPLES_DIR), "--output_dir", str(tmp_path)]
-    argv += ["--private_tests"] if private_tests else []
     summaries = cli.main(argv, task="code")
     result = summaries["Scripted"]["results"]["t0.7"]
     scores = {name: benchmark["score"] for name, benchmark in result["benchmarks"].items()}
-    # Every program is right except largestGap's, which passes the public test only: LiveCodeBench 2 problems.
-    expected_lcb = 50.0 if private_tests else 100.0
+    # Every program is right except largestGap's, which passes the public test only: LiveCodeBench 1 of 2 problems.
+    expected_lcb = 50.0
     assert scores == {"HumanEval+": 100.0, "MBPP+": 100.0, "LiveCodeBench": expected_lcb}
     assert result["avg"] == pytest.approx((200 + expected_lcb) / 3)
     assert result["benchmarks"]["HumanEval+"]["metric"] == "avg@4" and (result["temperature"], result["top_p"]) == (

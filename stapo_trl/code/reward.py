@@ -1,58 +1,55 @@
-"""The code reward of the STAPO paper: PRIME/Eurus's binary test reward, the tests run in a sandbox.
+"""The code reward of the STAPO paper, and the machinery every code harness shares: tests, sandbox runs, verdicts.
 
-The paper trains Qwen3-1.7B-Base on Eurus-RL-Code with the rule of PRIME's ``prime_code`` (as in veRL): the
-program is the last fenced ```` ```python ```` block of the completion; it earns +1.0 when it passes every test
-and -1.0 otherwise (no block, syntax error, wrong output, crash, timeout). Tests are in APPS layout, a JSON object
-``{"inputs": [...], "outputs": [...]}``:
+A `Harness` is one benchmark's own grading rules: how the program is taken from a completion (`extract_program`),
+what runs around it (`prepare_program`: preamble, wrapping), how an output is judged (`output_matches`) and the
+time per test. The training reward uses PRIME's (`stapo_trl.code.prime.PRIME`, veRL's ``prime_code``: what
+Eurus-2-RL-Data was built for); the evaluation uses EvalPlus's and LiveCodeBench's (`stapo_trl.evaluation`).
 
-- without ``fn_name``: each input is fed to the program's standard input and its standard output must equal the
-  expected output line by line, trailing whitespace of each line and trailing blank lines aside;
+Tests are in APPS layout, a JSON object ``{"inputs": [...], "outputs": [...]}`` (`parse_tests`):
+
+- without ``fn_name``: each input is fed to the program's standard input; the harness judges its standard output;
 - with ``fn_name``: the function (or ``Solution().<fn_name>``, the LeetCode layout) is called with each input's
-  arguments and must return the expected value (an expected ``[value]`` also accepts ``value``, as APPS wraps
-  them; tuples equal lists). An input may be a list of arguments, or a string of one JSON argument per line with
-  a JSON expected output (the layout of PRIME's and LiveCodeBench's functional tests). An optional ``"atol"``
-  lets floats differ by that much (for evaluation sets such as EvalPlus; PRIME's training tests have none).
+  arguments (a list, or a string of one JSON argument per line, the layout of PRIME's and LiveCodeBench's
+  functional tests); the harness judges the return value, which keeps its Python type across the sandbox's wall
+  (tuples, sets, NumPy values: `stapo_trl.code.values`).
 
 Tests of one program run in one sandbox process (one forked child per test) and stop at the first failure. The
-G x B completions of a batch are judged in parallel by `JUDGE_WORKERS` threads, each waiting on one sandbox. The
-programs run in `stapo_trl.code.sandbox.LocalSandbox` unless another executor is given (see that module); the
-expected outputs never enter the sandbox. Judging never raises on model output and never hangs: every program
-has a deadline, and whatever goes wrong scores -1.0.
+G x B completions of a batch are judged in parallel by `workers` threads, each waiting on one sandbox. The programs
+run in `stapo_trl.code.sandbox.LocalSandbox` unless another executor is given (see that module); the expected
+outputs never enter the sandbox. Judging never raises on model output and never hangs: every program has a
+deadline, and whatever goes wrong scores -1.0.
+
+Settings are keyword arguments of `code_reward`; fix them for a trainer with `functools.partial`, keeping the name
+TRL logs the reward under::
+
+    reward = functools.update_wrapper(functools.partial(code_reward, timeout=10.0, partial_credit=True), code_reward)
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 import os
-import re
 import threading
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from stapo_trl.code import values
 from stapo_trl.code.sandbox import OK, Executor, Job, Output, default_executor
 from stapo_trl.completions import completion_text
 
 
 logger = logging.getLogger(__name__)
 
-#: Seconds of wall (and CPU) time per test; PRIME's ``prime_code`` allows 5 s. Assign to change every later call.
-TIMEOUT_SECONDS = 5.0
-
-#: Seconds one `code_reward` call may start programs for; later ones score -1.0 without running. It bounds the
-#: wait of a training step when many programs run to their time limit. Assign to change every later call.
+#: Seconds one `code_reward` call may start programs for, by default; later ones score -1.0 without running.
 TIME_BUDGET_SECONDS = 300.0
 
-#: Programs judged at once by each training process: one sandbox process each.
-JUDGE_WORKERS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-# The last fenced Python block: ```python (or python3, py) ... ```.
-_PYTHON_BLOCK = re.compile(r"```(?:python3?|py)[ \t]*\r?\n(.*?)```", re.DOTALL | re.IGNORECASE)
+#: veRL's partial credit: the first tests, each run on its own with this many seconds (``prime_code``: 10, 10 s).
+PARTIAL_CREDIT_TESTS, PARTIAL_CREDIT_TIMEOUT = 10, 10.0
 
 
 @dataclass(frozen=True)
@@ -63,13 +60,36 @@ class CodeTests:
         inputs: Standard-input texts, or (with `fn_name`) argument lists.
         outputs: Expected standard outputs (text), or expected return values.
         fn_name: The function to call; ``None`` for standard-input programs.
-        atol: Absolute tolerance for floats in return values (0: exact).
+        atol: Absolute tolerance for floats in return values, for harnesses that use one (EvalPlus).
+        timeouts: Seconds for each test, where a harness derives them per test (EvalPlus); else the harness's.
     """
 
     inputs: list
     outputs: list
     fn_name: str | None = None
     atol: float = 0.0
+    timeouts: tuple[float, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Harness:
+    """One benchmark's grading rules.
+
+    Attributes:
+        name: What the rules are (a peer tool's name).
+        extract_program: ``(text, tests) -> program`` of a completion's text, or ``None`` when it has none.
+        prepare_program: ``(program, tests) -> source`` the sandbox runs: the program with the harness's preamble
+            and wrapping.
+        output_matches: ``(actual, expected, tests, index) -> bool``: whether test `index` passed; `actual` is the
+            standard output (text) or the decoded return value.
+        timeout: Seconds of wall (and CPU) time per test, unless the tests carry their own.
+    """
+
+    name: str
+    extract_program: Callable[[str, CodeTests], str | None]
+    prepare_program: Callable[[str, CodeTests], str]
+    output_matches: Callable[[Any, Any, CodeTests, int], bool]
+    timeout: float
 
 
 @dataclass(frozen=True)
@@ -85,59 +105,73 @@ class TestsResult:
 def code_reward(
     completions,
     tests,
+    *,
+    harness: Harness | None = None,
+    partial_credit: bool = False,
     timeout: float | None = None,
+    time_budget: float = TIME_BUDGET_SECONDS,
+    workers: int | None = None,
     executor: Executor | None = None,
-    time_budget: float | None = None,
     **kwargs,
 ) -> list[float | None]:
-    """PRIME's binary code reward, as used by STAPO: +1.0 when the program passes every test, -1.0 otherwise.
+    """The code reward: +1.0 when the program passes every test, -1.0 otherwise, as PRIME grades by default.
 
     A TRL reward function: ``GRPOTrainer`` calls it with ``prompts``, ``completions``, ``completion_ids`` and every
     dataset column; it reads ``completions`` and the ``tests`` column (`stapo_trl.code.data` writes it) and ignores
-    the rest.
+    the rest. Fix the settings with ``functools.partial`` (see the module docstring).
 
     Args:
         completions: Plain-text completions, or conversational ones (the last assistant message is judged).
         tests: One test set per completion: the APPS-layout JSON string (as in Eurus-2-RL-Data's
             ``reward_model.ground_truth``), a dict, or a `CodeTests`.
-        timeout: Seconds per test (wall and CPU); default `TIMEOUT_SECONDS` (5 s, as PRIME).
-        executor: Where programs run; default `stapo_trl.code.sandbox.default_executor()` (the local sandbox).
+        harness: The grading rules; default `stapo_trl.code.prime.PRIME` (veRL's ``prime_code``).
+        partial_credit: veRL's continuous score instead of the binary one: 1.0 when every test passes, otherwise
+            the fraction f of the first 10 tests that pass, each run on its own with 10 s, as ``2 f - 1``
+            (veRL returns f; the affine map keeps the binary scale, and group-normalized advantages do not see it).
+        timeout: Seconds per test (wall and CPU); default the harness's (PRIME: 5 s).
         time_budget: Seconds after which programs not yet started score -1.0 without running (counted in a
-            warning); default `TIME_BUDGET_SECONDS`. Programs already running finish within their own limit
-            (tests x `timeout`), so a call ends within about the budget plus one program's limit.
+            warning). Programs already running finish within their own limit (tests x `timeout`), so a call ends
+            within about the budget plus one program's limit.
+        workers: Programs judged at once (one sandbox process each); default the CPU cores of this process.
+        executor: Where programs run; default `stapo_trl.code.sandbox.default_executor()` (the local sandbox).
 
     Returns:
-        One reward per completion: 1.0 or -1.0; ``None`` (left out by TRL) when the row's tests are malformed,
+        One reward per completion in [-1.0, 1.0]; ``None`` (left out by TRL) when the row's tests are malformed,
         which is also reported with a warning naming the row.
     """
     if len(completions) != len(tests):
         raise ValueError(f"{len(completions)} completions but {len(tests)} test sets")
-    programs = [extract_program(completion_text(completion)) for completion in completions]
+    harness = harness or _prime()
     parsed: list[CodeTests | ValueError] = []
     for value in tests:
         try:
             parsed.append(value if isinstance(value, CodeTests) else parse_tests(value))
         except ValueError as error:
             parsed.append(error)
+    programs = [
+        None if isinstance(row_tests, ValueError) else harness.extract_program(completion_text(completion), row_tests)
+        for completion, row_tests in zip(completions, parsed)
+    ]
     # Rows with the same tests share one CodeTests, so identical (program, tests) pairs, frequent among the G
     # completions of a prompt, are judged once.
     first_row: dict[Any, int] = {}
     tests_rows = [first_row.setdefault(_tests_key(value), row) for row, value in enumerate(tests)]
-    pool = _judging_pool()
-    budget = TIME_BUDGET_SECONDS if time_budget is None else float(time_budget)
-    deadline = time.monotonic() + budget
-    verdicts = {}
+    pool = _judging_pool(workers or default_workers())
+    deadline = time.monotonic() + float(time_budget)
+    scores = {}
     for program, row in zip(programs, tests_rows):
-        if program is not None and not isinstance(parsed[row], ValueError) and (program, row) not in verdicts:
-            verdicts[program, row] = pool.submit(_passes, program, parsed[row], timeout, executor, deadline)
-    unjudged = sum(future.result() is None for future in verdicts.values())
+        if program is not None and not isinstance(parsed[row], ValueError) and (program, row) not in scores:
+            scores[program, row] = pool.submit(
+                _score, program, parsed[row], harness, partial_credit, timeout, executor, deadline
+            )
+    unjudged = sum(future.result() is None for future in scores.values())
     if unjudged:
         logger.warning(
             "code_reward: %d of %d programs not started within the time budget of %g s scored -1 without running; "
-            "raise TIME_BUDGET_SECONDS or JUDGE_WORKERS if this recurs.",
+            "raise time_budget or workers if this recurs.",
             unjudged,
-            len(verdicts),
-            budget,
+            len(scores),
+            time_budget,
         )
     rewards = []
     for row, (program, tests_row) in enumerate(zip(programs, tests_rows)):
@@ -150,25 +184,22 @@ def code_reward(
         elif program is None:
             rewards.append(-1.0)
         else:
-            rewards.append(1.0 if verdicts[program, tests_row].result() else -1.0)
+            score = scores[program, tests_row].result()
+            rewards.append(-1.0 if score is None else score)
     return rewards
 
 
-def extract_program(text: str) -> str | None:
-    """The content of the last fenced ```` ```python ```` block of `text` (``python3``, ``py`` too), or ``None``.
-
-    Only closed blocks count: a completion cut off inside its last block has no program, as PRIME's rule intends
-    a finished answer. An empty block is no program.
-    """
-    blocks = _PYTHON_BLOCK.findall(text)
-    return blocks[-1] if blocks and blocks[-1].strip() else None
+def default_workers() -> int:
+    """Programs judged at once by default: the CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def parse_tests(value: Any) -> CodeTests:
     """Validate APPS-layout tests (a JSON string or a dict) into `CodeTests`; raise ``ValueError`` saying what fails.
 
     Accepted: ``inputs`` and ``outputs``, lists of the same non-zero length; optional ``fn_name`` (a non-empty
-    string; ``null`` or ``""`` means standard-input tests) and ``atol`` (a non-negative number). Standard-input
+    string; ``null`` or ``""`` means standard-input tests), ``atol`` (a non-negative number) and ``timeouts`` (seconds
+    per input). Standard-input
     tests: each input and output a string or a list of lines. Function tests: each input a list of arguments or a
     string of one JSON argument per line (then the expected output may be its JSON text).
     """
@@ -191,10 +222,16 @@ def parse_tests(value: Any) -> CodeTests:
     atol = value.get("atol") or 0.0
     if isinstance(atol, bool) or not isinstance(atol, (int, float)) or not atol >= 0:
         raise ValueError(f"'atol' must be a non-negative number, got {atol!r:.80}")
+    timeouts = value.get("timeouts")
+    if timeouts is not None:
+        if not isinstance(timeouts, list) or len(timeouts) != len(inputs) or not all(_positive(t) for t in timeouts):
+            raise ValueError(f"'timeouts' must be one positive number of seconds per input, got {timeouts!r:.80}")
+        timeouts = tuple(float(t) for t in timeouts)
     if fn_name is None:
         return CodeTests(
             [_text(item, "inputs", i) for i, item in enumerate(inputs)],
             [_text(item, "outputs", i) for i, item in enumerate(outputs)],
+            timeouts=timeouts,
         )
     call_inputs, call_outputs = [], []
     for i, (arguments, expected) in enumerate(zip(inputs, outputs)):
@@ -212,48 +249,71 @@ def parse_tests(value: Any) -> CodeTests:
             raise ValueError(f"inputs[{i}] must be a list of arguments for {fn_name!r}, got {_describe(arguments)}")
         call_inputs.append(arguments)
         call_outputs.append(expected)
-    return CodeTests(call_inputs, call_outputs, fn_name, float(atol))
+    return CodeTests(call_inputs, call_outputs, fn_name, float(atol), timeouts)
 
 
 def run_tests(
     program: str,
     tests: Any,
     *,
+    harness: Harness | None = None,
     timeout: float | None = None,
     executor: Executor | None = None,
+    first_failure_ends: bool = True,
 ) -> TestsResult:
-    """Run `program` on `tests` (`CodeTests`, or what `parse_tests` accepts) until the first failing test.
+    """Run `program` (as extracted, before the harness prepares it) on `tests` and judge it by `harness` (PRIME's).
 
-    Raises ``ValueError`` for malformed tests only; whatever the program does ends in a `TestsResult`.
+    `tests` is a `CodeTests` or what `parse_tests` accepts. The run stops at the first failing test, unless
+    `first_failure_ends` is false: then every test runs (a crash or timeout starts a new sandbox for the rest) and
+    `tests_passed` counts them all. Raises ``ValueError`` for malformed tests only; whatever the program does ends
+    in a `TestsResult`.
     """
+    harness = harness or _prime()
     tests = tests if isinstance(tests, CodeTests) else parse_tests(tests)
-    job = Job(program, tests.inputs, tests.fn_name, _timeout(timeout))
-    passed = 0
-    outputs = iter((executor or default_executor()).execute(job))
-    try:
-        for expected, output in zip(tests.outputs, outputs):
-            if output.status != OK:
-                return TestsResult(
-                    False,
-                    passed,
-                    len(tests.inputs),
-                    f"test {passed}: {output.status}: {output.detail}",
-                )
-            if not output_matches(output.value, expected, call=tests.fn_name is not None, atol=tests.atol):
-                return TestsResult(
-                    False,
-                    passed,
-                    len(tests.inputs),
-                    f"test {passed}: wrong output {output.value!r:.200}",
-                )
-            passed += 1
-    finally:
-        close = getattr(outputs, "close", None)
-        if close is not None:
-            close()
-    if passed < len(tests.inputs):
-        return TestsResult(False, passed, len(tests.inputs), f"test {passed}: no output")
-    return TestsResult(True, passed, len(tests.inputs))
+    source = harness.prepare_program(program, tests)
+    limit = _timeout(timeout, harness)
+    limits = tests.timeouts if timeout is None and tests.timeouts else (limit,) * len(tests.inputs)
+    passed, failure, index = 0, None, 0
+    while index < len(tests.inputs):
+        # One sandbox for the following tests with the same time limit (EvalPlus gives each test its own).
+        end = index + 1
+        while end < len(tests.inputs) and limits[end] == limits[index]:
+            end += 1
+        job = Job(source, tests.inputs[index:end], tests.fn_name, limits[index])
+        outputs = iter((executor or default_executor()).execute(job))
+        ended_early = False
+        try:
+            for output in outputs:
+                if output.status != OK:
+                    verdict = f"test {index}: {output.status}: {output.detail}"
+                else:
+                    actual = output.value if tests.fn_name is None else values.decode(output.value)
+                    try:
+                        matched = harness.output_matches(actual, tests.outputs[index], tests, index)
+                    except Exception as error:  # a comparison the value breaks: a failed test, as in the peers
+                        matched, actual = False, f"{actual!r:.200} ({type(error).__name__} when compared)"
+                    verdict = None if matched else f"test {index}: wrong output {actual!r:.200}"
+                index += 1
+                if verdict is None:
+                    passed += 1
+                else:
+                    failure = failure or verdict
+                    if first_failure_ends:
+                        return TestsResult(False, passed, len(tests.inputs), failure)
+                if output.status != OK or index == end:
+                    break  # a sandbox stops after a failing status: the remaining tests get a new one
+            else:
+                ended_early = index < end
+        finally:
+            close = getattr(outputs, "close", None)
+            if close is not None:
+                close()
+        if ended_early:  # the executor yielded fewer outputs than tests
+            failure = failure or f"test {index}: no output"
+            if first_failure_ends:
+                return TestsResult(False, passed, len(tests.inputs), failure)
+            index += 1
+    return TestsResult(failure is None, passed, len(tests.inputs), failure)
 
 
 def run_program(
@@ -261,57 +321,132 @@ def run_program(
     inputs: Sequence[Any],
     *,
     fn_name: str | None = None,
-    timeout: float | None = None,
+    timeout: float = 5.0,
     executor: Executor | None = None,
 ) -> list[Output]:
-    """Run `program` on each input and return its `Output` per input (stdout text, or with `fn_name` the return value).
+    """Run `program` as it is on each input; return its `Output` per input (stdout, or the decoded return value).
 
-    For computing expected outputs from a reference solution (EvalPlus's ``canonical_solution``). The list ends
-    early, with the failing input's `Output`, when an input ends in anything but ``"ok"``.
+    For reference solutions (EvalPlus's ``canonical_solution``) and for decoding untrusted data in the sandbox. The
+    list ends early, with the failing input's `Output`, when an input ends in anything but ``"ok"``.
     """
-    return list((executor or default_executor()).execute(Job(program, list(inputs), fn_name, _timeout(timeout))))
+    if not timeout > 0:
+        raise ValueError(f"timeout must be positive, got {timeout}")
+    outputs = (executor or default_executor()).execute(Job(program, list(inputs), fn_name, float(timeout)))
+    if fn_name is None:
+        return list(outputs)
+    return [
+        replace(output, value=values.decode(output.value)) if output.status == OK else output for output in outputs
+    ]
 
 
-def output_matches(actual: Any, expected: Any, *, call: bool, atol: float = 0.0) -> bool:
-    """Whether a program's output counts as the expected one (see the module docstring for the rules)."""
-    if not call:
-        return isinstance(actual, str) and _lines(actual) == _lines(_text(expected, "outputs", 0))
-    if _same_value(actual, expected, atol):
-        return True
-    return isinstance(expected, list) and len(expected) == 1 and _same_value(actual, expected[0], atol)
+# Runs a standard-input program the way PRIME's and LiveCodeBench's `call_method` and `Capturing` do (APPS's
+# harness, which both derive from). The module loads with standard input empty (their multiprocessing child has
+# /dev/null there, descriptor 0 included, so open(0) reads nothing: ``from io import *`` in their preamble makes open
+# the real one). Their stacked unittest.mock patches take effect innermost first: readline (the input's lines
+# without their newline), readlines and read are set on the standard-input object of the time, the one the
+# program's module-level names (``from sys import *``, ``from sys import stdin``) hold, and only then is sys.stdin
+# replaced by a fresh object over the input, and open made to return the input. SystemExit ends the program
+# normally; print output is captured. The patches are plain assignments here: importing unittest.mock in every
+# test's child would cost more than the test.
+_STDIN_DRIVER = """\
+import builtins, io, os, sys, types
+{stdin_class}
+def call_method(method, inputs):
+    inputs_line_iterator = iter(inputs.split("\\n"))
+    sys.stdin.readline = lambda *args: next(inputs_line_iterator)
+    sys.stdin.readlines = lambda *args: inputs.split("\\n")
+    sys.stdin.read = lambda *args: inputs
+    sys.stdin = {stdin_factory}(inputs)
+    builtins.open = lambda *args, **kwargs: io.StringIO(inputs)
+    try:
+        return method()
+    except SystemExit:
+        pass
+
+inputs = sys.stdin.read()
+os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+sys.stdin = open(0, closefd=False)
+{setup}
+module = types.ModuleType("tmp_sol")
+exec(compile(SOURCE, "<string>", "exec"), module.__dict__)
+captured, real_stdout = io.StringIO(), sys.stdout
+sys.stdout = captured
+try:
+    call_method(module.{function}, inputs)
+finally:
+    sys.stdout = real_stdout
+real_stdout.write(captured.getvalue())
+"""
 
 
-def _passes(
-    program: str, tests: CodeTests, timeout: float | None, executor: Executor | None, deadline: float
-) -> bool | None:
-    """Whether `program` passes `tests`; ``None`` when the time budget ran out before it could start."""
+def stdin_driver(
+    source: str, *, function: str, setup: str = "", stdin_class: str = "", stdin_factory: str = "io.StringIO"
+) -> str:
+    """A program that runs `source`'s `function` on its standard input as APPS-derived harnesses do (see above).
+
+    Args:
+        source: The wrapped program (a module defining `function`).
+        function: The function that holds the program's statements.
+        setup: Statements run before the program loads (their ``reliability_guard``: builtins set to ``None``).
+        stdin_class: Source of a class the standard-input object is made of, when not a ``StringIO``.
+        stdin_factory: What makes the standard-input object from the input text.
+    """
+    driver = _STDIN_DRIVER.format(stdin_class=stdin_class, stdin_factory=stdin_factory, setup=setup, function=function)
+    return f"SOURCE = {source!r}\n{driver}"
+
+
+def bind_solution_method(program: str, fn_name: str) -> str:
+    """What PRIME and LiveCodeBench call when the program mentions ``class Solution``: the method of one instance.
+
+    Appended to the program, it makes `fn_name` that method, before the harness looks up a function of that name.
+    """
+    return f"\n{fn_name} = Solution().{fn_name}\n" if "class Solution" in program else ""
+
+
+def _score(
+    program: str,
+    tests: CodeTests,
+    harness: Harness,
+    partial_credit: bool,
+    timeout: float | None,
+    executor: Executor | None,
+    deadline: float,
+) -> float | None:
+    """The reward of `program` on `tests`; ``None`` when the time budget ran out before it could start."""
     if time.monotonic() > deadline:
         return None
     try:
-        return run_tests(program, tests, timeout=timeout, executor=executor).passed
+        if run_tests(program, tests, harness=harness, timeout=timeout, executor=executor).passed:
+            return 1.0
+        if not partial_credit:
+            return -1.0
+        first = CodeTests(
+            tests.inputs[:PARTIAL_CREDIT_TESTS], tests.outputs[:PARTIAL_CREDIT_TESTS], tests.fn_name, tests.atol
+        )
+        each = run_tests(
+            program,
+            first,
+            harness=harness,
+            timeout=PARTIAL_CREDIT_TIMEOUT if timeout is None else timeout,
+            executor=executor,
+            first_failure_ends=False,
+        )
+        return 2.0 * each.tests_passed / each.tests_total - 1.0
     except Exception:  # a failing executor costs the program its reward, never the training step
         logger.exception("code_reward: judging a program failed; scored -1")
-        return False
+        return -1.0
+
+
+def _prime() -> Harness:
+    from stapo_trl.code.prime import PRIME  # that module builds on this one
+
+    return PRIME
 
 
 def _tests_key(value: Any) -> Any:
-    return value if isinstance(value, (str, CodeTests)) else json.dumps(value, sort_keys=True, default=repr)
-
-
-def _same_value(actual: Any, expected: Any, atol: float) -> bool:
-    if isinstance(expected, tuple):
-        expected = list(expected)
-    if isinstance(actual, list) and isinstance(expected, list):
-        return len(actual) == len(expected) and all(_same_value(a, e, atol) for a, e in zip(actual, expected))
-    if isinstance(actual, dict) and isinstance(expected, dict):
-        return actual.keys() == expected.keys() and all(_same_value(actual[k], expected[k], atol) for k in actual)
-    if atol and float in (type(actual), type(expected)) and all(type(x) in (int, float) for x in (actual, expected)):
-        return math.isclose(actual, expected, rel_tol=0.0, abs_tol=atol)
-    return actual == expected  # plain JSON values on both sides: Python's equality (1 == 1.0, True == 1)
-
-
-def _lines(text: str) -> list[str]:
-    return [line.rstrip() for line in text.rstrip().splitlines()]
+    if isinstance(value, CodeTests):
+        return id(value)
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=repr)
 
 
 def _text(value: Any, field: str, index: int) -> str:
@@ -322,28 +457,29 @@ def _text(value: Any, field: str, index: int) -> str:
     raise ValueError(f"{field}[{index}] must be a string (or a list of lines), got {_describe(value)}")
 
 
+def _positive(value: Any) -> bool:
+    return type(value) in (int, float) and value > 0
+
+
 def _describe(value: Any) -> str:
     return f"{type(value).__name__} {value!r:.60}"
 
 
-def _timeout(timeout: float | None) -> float:
-    timeout = TIMEOUT_SECONDS if timeout is None else float(timeout)
+def _timeout(timeout: float | None, harness: Harness) -> float:
+    timeout = harness.timeout if timeout is None else float(timeout)
     if not timeout > 0:
         raise ValueError(f"timeout must be positive, got {timeout}")
     return timeout
 
 
-_pool: tuple[int, ThreadPoolExecutor] | None = None
-_pool_lock = threading.Lock()
+_pools: dict[tuple[int, int], ThreadPoolExecutor] = {}
+_pools_lock = threading.Lock()
 
 
-def _judging_pool() -> ThreadPoolExecutor:
-    """This process's `JUDGE_WORKERS` judging threads (a forked child makes its own)."""
-    global _pool
-    with _pool_lock:
-        if _pool is None or _pool[0] != os.getpid():
-            _pool = (
-                os.getpid(),
-                ThreadPoolExecutor(JUDGE_WORKERS, thread_name_prefix="stapo-code-judge"),
-            )
-        return _pool[1]
+def _judging_pool(workers: int) -> ThreadPoolExecutor:
+    """This process's pool of `workers` judging threads (a forked child makes its own)."""
+    with _pools_lock:
+        key = (os.getpid(), workers)
+        if key not in _pools:
+            _pools[key] = ThreadPoolExecutor(workers, thread_name_prefix="stapo-code-judge")
+        return _pools[key]

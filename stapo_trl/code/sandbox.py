@@ -99,8 +99,8 @@ class Output:
     Attributes:
         status: ``"ok"``, ``"error"`` (an exception or a non-zero exit), ``"timeout"``, ``"output_limit"``, or
             ``"sandbox_error"`` (the sandbox itself failed; the program is not to blame but gets no credit).
-        value: ``"ok"``: the standard output (text), or the function's return value (decoded from JSON: tuples
-            become lists, sets ``{"__set__": [...]}`` and other non-JSON values ``{"__repr__": "..."}``).
+        value: ``"ok"``: the standard output (text), or the function's return value as JSON data with its Python
+            types tagged (`stapo_trl.code.values`; `stapo_trl.code.reward` decodes it).
         detail: Why, for any status but ``"ok"``: the exception's last line, the exit code, the limit.
     """
 

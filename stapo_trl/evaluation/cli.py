@@ -95,14 +95,6 @@ def parse_args(argv=None, task: str = "math", description: str | None = None) ->
         parser.add_argument(
             "--drop_verifier", action="store_true", help="With --regrade: remove the stored verifier verdicts."
         )
-    else:
-        parser.add_argument(
-            "--private_tests",
-            action="store_true",
-            help="Also run LiveCodeBench's private tests. They are stored base64 + zlib + pickle: decoding them "
-            "unpickles the file's bytes, which can run arbitrary code. Only for files you trust. Off: public "
-            "tests only.",
-        )
     args = parser.parse_args(argv)
     args.task = task
     return args
@@ -182,7 +174,6 @@ def main(argv=None, task: str = "math", description: str | None = None) -> dict:
                 overwrite=args.overwrite,
                 verification_timeout=args.verification_timeout,
                 verifier=verifier,
-                private_tests=getattr(args, "private_tests", False),
                 vllm_kwargs=vllm_kwargs,
             )
             summary = evaluate(path, config)

@@ -73,8 +73,6 @@ class EvalConfig:
         verification_timeout: seconds per answer for `math_reward` (default: its own, 5 s); per test program for
             the code sandbox (default: its own).
         verifier: math only: a `VerifierConfig` to send the rule negatives to a model verifier (off by default).
-        private_tests: code only: also decode LiveCodeBench's private tests, stored pickled (unpickling runs
-            code from the file: only for files you trust); off = public tests only.
         vllm_kwargs: extra ``vllm.LLM`` arguments.
     """
 
@@ -95,7 +93,6 @@ class EvalConfig:
     retry_errors: bool = True
     verification_timeout: float | None = None
     verifier: VerifierConfig | None = None
-    private_tests: bool = False
     vllm_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
@@ -108,15 +105,10 @@ class EvalConfig:
             self.max_new_tokens = task.max_new_tokens
         if self.verifier is not None and task.name != "math":
             raise ValueError("verifier: the model verifier grades math answers only; drop it for the code task")
-        if self.private_tests and task.name != "code":
-            raise ValueError("private_tests: LiveCodeBench's private tests exist for the code task only")
 
     def task_options(self) -> dict[str, Any]:
-        """What the task's readers and graders are told (the per-answer timeout, the private tests)."""
-        return {
-            "verification_timeout": self.verification_timeout,
-            "private_tests": self.private_tests,
-        }
+        """What the task's readers and graders are told (the per-answer timeout)."""
+        return {"verification_timeout": self.verification_timeout}
 
 
 def model_display_name(model_path: str) -> str:
@@ -211,7 +203,7 @@ def evaluate(model_path: str, config: EvalConfig) -> dict[str, Any]:
         "model_name": model_name,
         "settings": settings,
         "plan": plan,
-        "options": {"private_tests": config.private_tests},
+        "options": {},
         "verifier": config.verifier.describe() if config.verifier else None,
     }
     write_run(output_dir, run)
