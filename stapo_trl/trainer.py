@@ -7,6 +7,7 @@ import time
 
 import torch
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from transformers.utils import logging
 from trl import GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import get_config_model_id, nanmax, nanmin
@@ -17,6 +18,8 @@ from .model_card import model_card
 from .output_dir import describe_save_failure
 from .s2t import masked_quantile, pooled_spurious_token_masks
 
+
+logger = logging.get_logger(__name__)
 
 # Entropy quantiles of the loss tokens logged every step, as in the paper's Fig. 5d.
 ENTROPY_QUANTILES = {"p50": 0.5, "p80": 0.8, "p95": 0.95}
@@ -107,6 +110,13 @@ class STAPOTrainer(GRPOTrainer):
                 "DeepSpeed ZeRO-3, or use_vllm=False."
             )
         super().__init__(model, reward_funcs, args, *other_args, **kwargs)
+        if fsdp_version is not None and not self.is_fsdp_enabled and self.accelerator.is_main_process:
+            # accelerate enables FSDP only on GPUs and other accelerators; elsewhere it drops it without a word.
+            logger.warning(
+                f"FSDP (fsdp_version {fsdp_version}) was asked for, but accelerate runs this job as "
+                f"{self.accelerator.distributed_type.value} without FSDP: every process holds and trains the whole "
+                "model (DDP when there are several)."
+            )
         self._random_mask_generator = None
         self._captured_forwards = None  # (log-probs, entropies) of TRL's no-grad forwards during a generation
         self._old_forward_step = None  # global step at which TRL's old-log-prob forward last ran
