@@ -117,6 +117,18 @@ class STAPOTrainer(GRPOTrainer):
                 f"{self.accelerator.distributed_type.value} without FSDP: every process holds and trains the whole "
                 "model (DDP when there are several)."
             )
+        if args.disable_dropout:  # TRL zeroes the nn.Dropout modules; attention reads its rate from a float
+            for module, attribute, _ in _dropout_rates(self.model, self.ref_model):
+                setattr(module, attribute, 0.0)
+        active = [f"{attribute}={rate}" for _, attribute, rate in _dropout_rates(self.model) if rate > 0]
+        if active and self._decides_per_step:
+            raise ValueError(
+                f"Dropout is active ({', '.join(sorted(set(active)))}) with disable_dropout=False: "
+                "spurious_mask_scope='step' decides the step's silenced tokens from a forward pass of its own, whose "
+                "dropout masks differ from the loss's, so the decision would not be Eq. 6's for the loss. Set "
+                "disable_dropout=True (the default; the paper trains without dropout), or "
+                "spurious_mask_scope='micro_batch', or gradient_accumulation_steps=1 (the loss's forward decides)."
+            )
         self._random_mask_generator = None
         self._captured_forwards = None  # (log-probs, entropies) of TRL's no-grad forwards during a generation
         self._old_forward_step = None  # global step at which TRL's old-log-prob forward last ran
@@ -457,6 +469,18 @@ class STAPOTrainer(GRPOTrainer):
             if self.args.should_save:
                 shutil.rmtree(checkpoint, ignore_errors=True)
             raise OSError(describe_save_failure(checkpoint, error)) from error
+
+
+def _dropout_rates(*models):
+    """(module, attribute, rate) of every dropout rate in `models` (None skipped): `p` of the nn.Dropout modules,
+    and the float rates that attention implementations pass to their kernels in training (`attention_dropout`)."""
+    for model in models:
+        for module in model.modules() if model is not None else ():
+            if isinstance(module, torch.nn.Dropout):
+                yield module, "p", module.p
+            for attribute, value in vars(module).items():
+                if "dropout" in attribute and isinstance(value, float):
+                    yield module, attribute, value
 
 
 def _loss_mask(inputs) -> torch.Tensor:

@@ -199,3 +199,61 @@ def test_fsdp2_uneven_processes_take_the_one_process_decision(tmp_path):
     for step in fsdp:
         assert silenced_by_completion(fsdp[step]) == silenced_by_completion(one[step]), f"step {step}"
     assert_same_parameters(saved_parameters(tmp_path / "fsdp" / "final"), saved_parameters(tmp_path / "one" / "final"))
+
+
+# What examples/train_math.py needs on 2 CPU processes besides the offline toy recipe (which already sets use_cpu and
+# bf16 off): a small step and a short held-out check.
+TOY_CPU_OVERRIDES = [
+    "--max_steps", "2", "--per_device_train_batch_size", "8", "--num_generations", "4",
+    "--max_completion_length", "16", "--heldout_max_problems", "4", "--heldout_num_samples", "1",
+]  # fmt: skip
+
+
+def test_train_math_under_fsdp2_as_a_user_launches_it(tmp_path):
+    """`accelerate launch --config_file examples/accelerate_configs/fsdp2.yaml examples/train_math.py` with CPU
+    overrides: 2 steps under FSDP2, and the saved model loads in one process."""
+    command = [
+        *launch_command(), str(ROOT / "examples" / "train_math.py"), *TOY_CPU_OVERRIDES, "--output_dir", str(tmp_path),
+    ]  # fmt: skip
+    result = run_command(command, timeout=600, env=child_env(True), cwd=ROOT, stderr=subprocess.STDOUT)
+    assert result.returncode == 0, result.stdout[-5000:]
+    assert_fsdp_on_every_rank(result.stdout)
+    assert "was asked for, but accelerate" not in result.stdout
+    assert AutoModelForCausalLM.from_pretrained(tmp_path).config.model_type == "qwen3"
+
+
+def slurm_launch_line() -> str:
+    """The per-node command of examples/slurm/train_multinode.slurm: the body of its `srun ... bash -c '...'`."""
+    script = (ROOT / "examples" / "slurm" / "train_multinode.slurm").read_text()
+    return script.split("bash -c '", 1)[1].split("'", 1)[0]
+
+
+def test_two_machines_as_the_slurm_script_starts_them(tmp_path):
+    """The slurm script's launch line on each of 2 simulated machines of one process each (machine ranks 0 and 1,
+    rendezvous on 127.0.0.1), multi_node_fsdp2.yaml, the toy recipe with CPU overrides: both train 2 steps under
+    FSDP2. A hang of either kills both process groups."""
+    base = dict(
+        child_env(True),
+        PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),  # `accelerate` of this Python
+        ACCELERATE_CONFIG=str(ROOT / "examples" / "accelerate_configs" / "multi_node_fsdp2.yaml"),
+        RECIPE=str(ROOT / "examples" / "recipes" / "toy" / "stapo_cpu.yaml"),
+        SLURM_NNODES="2", NUM_PROCESSES="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+    )  # fmt: skip
+    arguments = [*TOY_CPU_OVERRIDES, "--output_dir", str(tmp_path)]
+    processes = [
+        subprocess.Popen(
+            ["bash", "-c", slurm_launch_line(), "bash", *arguments], env=dict(base, SLURM_NODEID=str(machine)),
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        )
+        for machine in range(2)
+    ]  # fmt: skip
+    try:
+        outputs = [process.communicate(timeout=600)[0] for process in processes]
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                os.killpg(process.pid, 9)
+    for machine, (process, output) in enumerate(zip(processes, outputs, strict=True)):
+        assert process.returncode == 0, f"machine {machine}:\n{output[-5000:]}"
+        assert f"fsdp_on_cpu: rank {machine}: FSDPQwen3ForCausalLM is an FSDPModule" in output, output[-3000:]
+    assert AutoModelForCausalLM.from_pretrained(tmp_path).config.model_type == "qwen3"
