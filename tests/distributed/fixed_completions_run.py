@@ -11,9 +11,10 @@ Writes, under OUTPUT_DIR: `decisions-rank<i>.pt` (per optimizer step, the step's
 their S2T decision), `final/` (the model, saved by `save_model`) and, under FSDP, `fsdp-rank<i>` (the class of the
 prepared model). `--uneven`: the second process's completions are 1 token long and all rewarded alike (advantage 0,
 no candidates), the first's 12 tokens. `--resume`: continue OUTPUT_DIR's run from its last complete checkpoint, as
-`--resume_from_checkpoint latest` does.
+`--resume_from_checkpoint latest` does. `--lora`: train a LoRA adapter (with TRL's default LoRA dropout, 0.05) instead
+of the whole model.
 
-    python fixed_completions_run.py OUTPUT_DIR [--uneven] [--resume]
+    python fixed_completions_run.py OUTPUT_DIR [--uneven] [--resume] [--lora]
 """
 
 import argparse
@@ -25,6 +26,7 @@ from pathlib import Path
 import torch
 import trl.trainer.grpo_trainer
 from datasets import Dataset
+from peft import LoraConfig
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: conftest's settings
@@ -114,6 +116,7 @@ def main():
     parser.add_argument("output_dir")
     parser.add_argument("--uneven", action="store_true")
     parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--lora", action="store_true")
     args = parser.parse_args()
     os.environ["TRL_EXPERIMENTAL_SILENCE"] = "1"  # rollout_func's notice
 
@@ -146,6 +149,9 @@ def main():
         train_dataset=prompts,
         processing_class=tokenizer,
         rollout_func=fixed_rollout(args.uneven),
+        peft_config=LoraConfig(r=4, lora_alpha=8, lora_dropout=0.05, target_modules=["q_proj", "v_proj"])
+        if args.lora
+        else None,
     )
     resume = resolve_resume("latest", args.output_dir) if args.resume else None
     trainer.train(resume_from_checkpoint=resume)

@@ -16,6 +16,7 @@ import pytest
 import torch
 from conftest import run_command
 from eq6 import s2t_silenced, token_logps_and_entropies
+from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from stapo_trl.toy.model import tiny_qwen3
@@ -64,11 +65,11 @@ def run_fixed(output_dir, *flags, processes: int, fsdp_on_cpu: bool = True) -> s
     return result.stdout
 
 
-def assert_fsdp_on_every_rank(output: str, output_dir=None):
+def assert_fsdp_on_every_rank(output: str, output_dir=None, model_class="FSDPQwen3ForCausalLM"):
     for rank in range(2):
-        assert f"fsdp_on_cpu: rank {rank}: FSDPQwen3ForCausalLM is an FSDPModule" in output, output[-3000:]
+        assert f"fsdp_on_cpu: rank {rank}: {model_class} is an FSDPModule" in output, output[-3000:]
         if output_dir is not None:
-            assert (Path(output_dir) / f"fsdp-rank{rank}").read_text() == "FSDPQwen3ForCausalLM"
+            assert (Path(output_dir) / f"fsdp-rank{rank}").read_text() == model_class
 
 
 def decisions(output_dir) -> dict[int, list[dict]]:
@@ -257,3 +258,20 @@ def test_two_machines_as_the_slurm_script_starts_them(tmp_path):
         assert process.returncode == 0, f"machine {machine}:\n{output[-5000:]}"
         assert f"fsdp_on_cpu: rank {machine}: FSDPQwen3ForCausalLM is an FSDPModule" in output, output[-3000:]
     assert AutoModelForCausalLM.from_pretrained(tmp_path).config.model_type == "qwen3"
+
+
+def test_lora_under_fsdp2_trains_as_one_process(tmp_path):
+    """A LoRA adapter (LoRA dropout 0.05, switched off by disable_dropout) under FSDP2: every step's decision and the
+    trained adapter are those of one process on the same completions, and the adapter moved."""
+    output = run_fixed(tmp_path / "fsdp", "--lora", processes=2)
+    assert_fsdp_on_every_rank(output, tmp_path / "fsdp", model_class="FSDPPeftModel")
+    run_fixed(tmp_path / "one", "--lora", processes=1)
+    fsdp, one = decisions(tmp_path / "fsdp"), decisions(tmp_path / "one")
+    assert sorted(fsdp) == sorted(one) == list(range(1, 9))
+    assert silenced_by_completion(fsdp[1]) == eq6_silenced(fsdp[1])
+    for step in fsdp:
+        assert silenced_by_completion(fsdp[step]) == silenced_by_completion(one[step]), f"step {step}"
+    adapter = load_file(tmp_path / "fsdp" / "final" / "adapter_model.safetensors")
+    assert_same_parameters(adapter, load_file(tmp_path / "one" / "final" / "adapter_model.safetensors"))
+    lora_b = [value for name, value in adapter.items() if "lora_B" in name]
+    assert lora_b and all(value.abs().max() > 100 * PARAMETER_TOLERANCE for value in lora_b)  # initialized to 0
