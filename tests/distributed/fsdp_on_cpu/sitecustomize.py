@@ -4,9 +4,9 @@ accelerate switches FSDP on only for multi-device types (MULTI_GPU, XPU, NPU, ..
 FSDP config on CPU processes, `AcceleratorState` stays MULTI_CPU and transformers' Trainer then wraps the model in
 DDP. PyTorch's FSDP2 (`fully_shard`) itself runs on CPU tensors with gloo. Python imports this module at the start of
 every process whose PYTHONPATH holds this folder (the launcher and the processes it starts), so the switch below is
-in place before the Trainer decides its parallel mode and builds its accelerator (accelerate's state objects are
-singletons, set once per process). Each process prints one line when `Accelerator.prepare` returns an FSDP module,
-which the tests look for.
+in place when the Trainer builds its accelerator: it happens as accelerate's shared `AcceleratorState` is first set up
+(a singleton, set once per process), before the Trainer reads `is_fsdp_enabled` and wraps the model. Each process
+prints one line when `Accelerator.prepare` returns an FSDP module, which the tests look for.
 """
 
 import os
