@@ -7,8 +7,8 @@ optimizer steps per generation, 8 steps over 2 generations, a checkpoint after s
 micro-batches of 8 and orders each generation batch as the two processes hold it (TRL shuffles it otherwise), so its
 optimizer steps pool the same 16 completions as theirs.
 
-Writes, under OUTPUT_DIR: `decisions-rank<i>.pt` (per optimizer step, the step's micro-batches of this process with
-their S2T decision), `final/` (the model, saved by `save_model`) and, under FSDP, `fsdp-rank<i>` (the class of the
+Writes, under OUTPUT_DIR: `decisions-rank<i>.pt` (every training micro-batch of this process with its optimizer step
+and the step's S2T decision), `final/` (the model, saved by `save_model`) and, under FSDP, `fsdp-rank<i>` (the class of the
 prepared model). `--uneven`: the second process's completions are 1 token long and all rewarded alike (advantage 0,
 no candidates), the first's 12 tokens. `--resume`: continue OUTPUT_DIR's run from its last complete checkpoint, as
 `--resume_from_checkpoint latest` does. `--lora`: train a LoRA adapter (with TRL's default LoRA dropout, 0.05) instead
@@ -98,17 +98,22 @@ def as_two_processes_hold_it(batch: dict) -> dict:
 
 
 class RecordingTrainer(STAPOTrainer):
-    """Keeps each optimizer step's S2T decision of this process."""
+    """Keeps each training micro-batch of this process as its loss received it, with the step's S2T decision."""
 
-    decisions = []
+    decisions: list
 
-    def _decide_step(self, micro_batches):
-        decided = super()._decide_step(micro_batches)
-        keys = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages", "spurious_silenced")
-        self.decisions.append(
-            {"step": self.state.global_step + 1, "micro_batches": [{k: mb[k].cpu() for k in keys} for mb in decided]}
-        )
-        return decided
+    def _compute_loss(self, model, inputs):
+        if self.model.training:
+            keys = (
+                "prompt_ids",
+                "prompt_mask",
+                "completion_ids",
+                "completion_mask",
+                "advantages",
+                "spurious_silenced",
+            )
+            self.decisions.append({"step": self.state.global_step + 1, **{key: inputs[key].cpu() for key in keys}})
+        return super()._compute_loss(model, inputs)
 
 
 def main():
@@ -153,6 +158,7 @@ def main():
         if args.lora
         else None,
     )
+    trainer.decisions = []
     resume = resolve_resume("latest", args.output_dir) if args.resume else None
     trainer.train(resume_from_checkpoint=resume)
     rank = trainer.accelerator.process_index

@@ -76,8 +76,8 @@ def decisions(output_dir) -> dict[int, list[dict]]:
     """Per optimizer step, the micro-batches of every process, with their S2T decision."""
     steps = {}
     for path in sorted(Path(output_dir).glob("decisions-rank*.pt")):
-        for record in torch.load(path):
-            steps.setdefault(record["step"], []).extend(record["micro_batches"])
+        for micro_batch in torch.load(path):
+            steps.setdefault(micro_batch.pop("step"), []).append(micro_batch)
     return steps
 
 
@@ -190,11 +190,10 @@ def test_fsdp2_uneven_processes_take_the_one_process_decision(tmp_path):
     run_fixed(tmp_path / "one", "--uneven", processes=1)
     fsdp, one = decisions(tmp_path / "fsdp"), decisions(tmp_path / "one")
     for rank, length in ((0, 12), (1, 1)):
-        for record in torch.load(tmp_path / "fsdp" / f"decisions-rank{rank}.pt"):
-            for batch in record["micro_batches"]:
-                assert batch["completion_mask"].sum(1).tolist() == [length] * batch["completion_mask"].size(0)
-                if rank == 1:
-                    assert not batch["advantages"].any() and not batch["spurious_silenced"].any()
+        for batch in torch.load(tmp_path / "fsdp" / f"decisions-rank{rank}.pt"):
+            assert batch["completion_mask"].sum(1).tolist() == [length] * batch["completion_mask"].size(0)
+            if rank == 1:
+                assert not batch["advantages"].any() and not batch["spurious_silenced"].any()
     assert silenced_by_completion(fsdp[1]) == eq6_silenced(fsdp[1])
     assert sorted(fsdp) == sorted(one)
     for step in fsdp:
