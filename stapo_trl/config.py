@@ -25,7 +25,8 @@ class STAPOConfig(GRPOConfig):
     normalizer. On top of that, the defaults are the paper's training setting (§5.1, App. 10, the JustRL setting) where
     GRPOConfig differs: DAPO token-level normalization (`loss_type="dapo"`), clip-higher (ε_low 0.2, ε_high 0.28),
     JustRL's dual-clip c = 10 (`delta=10`), no KL (`beta=0`), constant learning rate 1e-6 after 10 warm-up steps,
-    AdamW weight decay 0.1, gradient clipping 1.0, G = 8 completions per prompt sampled at temperature 1.0 / top-p 1.0.
+    AdamW weight decay 0.1, gradient clipping 1.0, G = 8 completions per prompt sampled at temperature 1.0 / top-p 1.0,
+    no dropout (`disable_dropout=True`).
 
     Parameters:
         spurious_prob_threshold (`float`, defaults to `0.002`):
@@ -134,6 +135,13 @@ class STAPOConfig(GRPOConfig):
     )
     gradient_checkpointing: bool | None = field(
         default=None, metadata={"help": "Deprecated alias of activation_checkpointing (transformers 5)."}
+    )
+    disable_dropout: bool = field(
+        default=True,
+        metadata={
+            "help": "Train without dropout, as the paper does. S2T decides from a forward pass of its own when "
+            "spurious_mask_scope='step', so dropout would give the decision and the loss different functions."
+        },
     )
     num_generations: int | None = field(default=8, metadata={"help": "G, completions sampled per prompt (paper: 8)."})
     temperature: float = field(default=1.0, metadata={"help": "Rollout sampling temperature (paper: 1.0)."})

@@ -7,6 +7,7 @@ import time
 
 import torch
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from transformers.utils import logging
 from trl import GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import get_config_model_id, nanmax, nanmin
@@ -17,6 +18,8 @@ from .model_card import model_card
 from .output_dir import describe_save_failure, hold_output_dir
 from .s2t import masked_quantile, pooled_spurious_token_masks
 
+
+logger = logging.get_logger(__name__)
 
 # Entropy quantiles of the loss tokens logged every step, as in the paper's Fig. 5d.
 ENTROPY_QUANTILES = {"p50": 0.5, "p80": 0.8, "p95": 0.95}
@@ -107,6 +110,25 @@ class STAPOTrainer(GRPOTrainer):
                 "DeepSpeed ZeRO-3, or use_vllm=False."
             )
         super().__init__(model, reward_funcs, args, *other_args, **kwargs)
+        if fsdp_version is not None and not self.is_fsdp_enabled and self.accelerator.is_main_process:
+            # accelerate enables FSDP only on GPUs and other accelerators; elsewhere it drops it without a word.
+            logger.warning(
+                f"FSDP (fsdp_version {fsdp_version}) was asked for, but accelerate runs this job as "
+                f"{self.accelerator.distributed_type.value} without FSDP: every process holds and trains the whole "
+                "model (DDP when there are several)."
+            )
+        if args.disable_dropout:  # TRL zeroes the nn.Dropout modules; attention reads its rate from a float
+            for module, attribute, _ in _dropout_rates(self.model, self.ref_model):
+                setattr(module, attribute, 0.0)
+        active = [f"{attribute}={rate}" for _, attribute, rate in _dropout_rates(self.model) if rate > 0]
+        if active and self._decides_per_step:
+            raise ValueError(
+                f"Dropout is active ({', '.join(sorted(set(active)))}) with disable_dropout=False: "
+                "spurious_mask_scope='step' decides the step's silenced tokens from a forward pass of its own, whose "
+                "dropout masks differ from the loss's, so the decision would not be Eq. 6's for the loss. Set "
+                "disable_dropout=True (the default; the paper trains without dropout), or "
+                "spurious_mask_scope='micro_batch', or gradient_accumulation_steps=1 (the loss's forward decides)."
+            )
         if self.accelerator.is_main_process:  # one run at a time in output_dir, for this process's life
             hold_output_dir(args.output_dir)
         self._random_mask_generator = None
@@ -449,6 +471,18 @@ class STAPOTrainer(GRPOTrainer):
             if self.args.should_save:
                 shutil.rmtree(checkpoint, ignore_errors=True)
             raise OSError(describe_save_failure(checkpoint, error)) from error
+
+
+def _dropout_rates(*models):
+    """(module, attribute, rate) of every dropout rate in `models` (None skipped): `p` of the nn.Dropout modules,
+    and the float rates that attention implementations pass to their kernels in training (`attention_dropout`)."""
+    for model in models:
+        for module in model.modules() if model is not None else ():
+            if isinstance(module, torch.nn.Dropout):
+                yield module, "p", module.p
+            for attribute, value in vars(module).items():
+                if "dropout" in attribute and isinstance(value, float):
+                    yield module, attribute, value
 
 
 def _loss_mask(inputs) -> torch.Tensor:

@@ -162,16 +162,15 @@ def test_parity_with_vllm_importance_sampling_correction(tokenizer, model, promp
     assert not torch.equal(loss_and_grads(stapo, inputs)[0], grpo_loss)
 
 
-@pytest.mark.parametrize("old_logps_noise", [None, 0.4])
-def test_loss_and_gradients_equal_eq6(old_logps_noise, tokenizer, model, prompt_dataset, tmp_path):
+@pytest.mark.parametrize("old_logps_noise, temperature", [(None, 1.0), (0.4, 1.0), (None, 0.7)])
+def test_loss_and_gradients_equal_eq6(old_logps_noise, temperature, tokenizer, model, prompt_dataset, tmp_path):
     inputs = make_inputs(len(tokenizer), old_logps_noise=old_logps_noise, model=model)
-    trainer = build(STAPOTrainer, model, tokenizer, prompt_dataset, tmp_path)
+    trainer = build(STAPOTrainer, model, tokenizer, prompt_dataset, tmp_path, temperature=temperature)
     loss, grads = loss_and_grads(trainer, inputs)
 
     reference_model = tiny_qwen3(tokenizer, seed=0)  # the same weights, untouched by the trainer
-    reference_loss, silenced = stapo_loss(
-        reference_model, inputs, prob_threshold=TEST_TAU_P, entropy_quantile=0.75, epsilon_low=0.2, epsilon_high=0.28
-    )
+    eq6_settings = dict(prob_threshold=TEST_TAU_P, entropy_quantile=0.75, epsilon_low=0.2, epsilon_high=0.28)
+    reference_loss, silenced = stapo_loss(reference_model, inputs, temperature=temperature, **eq6_settings)
     reference_loss.backward()
     expected = {name: p.grad for name, p in reference_model.named_parameters() if p.grad is not None}
 
@@ -183,15 +182,13 @@ def test_loss_and_gradients_equal_eq6(old_logps_noise, tokenizer, model, prompt_
     assert_same_grads(grads, expected, rtol=1e-4, atol=1e-6)
     # ...and differ from plain DAPO (nothing silenced) by more than the tolerance.
     plain_loss, _ = stapo_loss(
-        tiny_qwen3(tokenizer, seed=0),
-        inputs,
-        silenced=torch.zeros_like(silenced),
-        prob_threshold=TEST_TAU_P,
-        entropy_quantile=0.75,
-        epsilon_low=0.2,
-        epsilon_high=0.28,
-    )
+        tiny_qwen3(tokenizer, seed=0), inputs, silenced=torch.zeros_like(silenced), temperature=temperature,
+        **eq6_settings,
+    )  # fmt: skip
     assert not torch.allclose(plain_loss, reference_loss, rtol=1e-3)
+    if temperature != 1.0:  # the temperature matters: Eq. 6 at T = 1 gives another silenced set
+        _, silenced_at_1 = stapo_loss(tiny_qwen3(tokenizer, seed=0), inputs, **eq6_settings)
+        assert not torch.equal(silenced_at_1, silenced)
 
 
 def test_micro_batch_scope_deviation_is_bounded(tokenizer, model, prompt_dataset, tmp_path):
@@ -305,6 +302,52 @@ def test_step_scope_is_invariant_to_the_split_and_equals_eq6(tokenizer, prompt_d
     grads, _ = step_gradient(trainer, split_rows(inputs, [4] * 4))
     assert grads_differ(grads, expected)
     assert len(trainer._metrics["train"]["spurious/silenced_count"]) == 4
+
+
+def with_attention_dropout(model, rate=0.1):
+    """The model with attention dropout, which Qwen3's attention reads from a float (it has no nn.Dropout module)."""
+    model.config.attention_dropout = rate
+    for layer in model.model.layers:
+        layer.self_attn.attention_dropout = rate
+    return model
+
+
+def test_dropout_is_off_by_default_so_the_step_decision_is_eq6s(tokenizer, prompt_dataset, tmp_path):
+    """A model with attention dropout 0.1, scope "step", accumulation 2: the default disable_dropout=True gives Eq. 6's
+    silenced set and gradient (the decision's forward and the loss's see one function). With disable_dropout=False
+    the setting is refused, for attention and for LoRA dropout; where it is accepted (one micro-batch per step) the
+    gradient is not Eq. 6's, so the dropout is real."""
+    from peft import LoraConfig
+
+    inputs = make_inputs(len(tokenizer), batch=16, seed=8)
+    expected, reference_silenced = eq6_reference(tokenizer, inputs)
+    step_of_two = dict(per_device_train_batch_size=8, gradient_accumulation_steps=2)
+    trainer = build(
+        STAPOTrainer, with_attention_dropout(tiny_qwen3(tokenizer, seed=0)), tokenizer, prompt_dataset,
+        tmp_path / "default", **step_of_two,
+    )  # fmt: skip
+    grads, silenced = step_gradient(trainer, split_rows(inputs, [8, 8]))
+    assert torch.equal(torch.cat(silenced), reference_silenced)
+    assert_same_grads(grads, expected, rtol=1e-4, atol=1e-6)
+
+    with pytest.raises(ValueError, match=r"attention_dropout=0.1.*Set disable_dropout=True"):
+        build(
+            STAPOTrainer, with_attention_dropout(tiny_qwen3(tokenizer, seed=0)), tokenizer, prompt_dataset,
+            tmp_path / "refused", disable_dropout=False, **step_of_two,
+        )  # fmt: skip
+    with pytest.raises(ValueError, match=r"p=0.05.*Set disable_dropout=True"):
+        STAPOTrainer(
+            model=tiny_qwen3(tokenizer, seed=0), reward_funcs=length_reward, train_dataset=prompt_dataset,
+            args=cpu_config(tmp_path / "lora", disable_dropout=False, **step_of_two), processing_class=tokenizer,
+            peft_config=LoraConfig(r=4, lora_alpha=8, lora_dropout=0.05, target_modules=["q_proj", "v_proj"]),
+        )  # fmt: skip
+
+    trainer = build(
+        STAPOTrainer, with_attention_dropout(tiny_qwen3(tokenizer, seed=0)), tokenizer, prompt_dataset,
+        tmp_path / "one_micro_batch", disable_dropout=False, per_device_train_batch_size=16,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    assert grads_differ(loss_and_grads(trainer, inputs)[1], expected)
 
 
 def one_candidate_per_micro_batch(vocab_size):

@@ -58,10 +58,11 @@ def model_dir(vllm_installed, tmp_path_factory):
     return path
 
 
-def run_in_own_process(argv, cwd, what: str) -> str:
+def run_in_own_process(argv, cwd, what: str, **env_overrides) -> str:
     """Run argv in a new process group (killed as a whole on timeout) with vLLM's CPU settings; return its output."""
     env = dict(
         os.environ,
+        **env_overrides,
         HF_HUB_OFFLINE="1",
         TOKENIZERS_PARALLELISM="false",
         VLLM_CPU_KVCACHE_SPACE="1",  # GiB of KV cache per engine: plenty for 16-token completions
@@ -305,3 +306,116 @@ def test_lora_recipe_keeps_the_base_in_fp32_for_the_vllm_sync():
 
     assert relative_drift(torch.bfloat16) > 1e-4
     assert relative_drift(torch.float32) < 1e-7
+
+
+# --- FSDP2 (2 CPU processes, the test-only tests/distributed/fsdp_on_cpu shim) with the step path of S2T ---
+# Accumulation 2 and steps_per_generation 4: 2 optimizer steps per generation, the second off-policy, so the step's
+# decision comes from TRL's old-log-prob forward (first step) and from STAPO's own forward (second step).
+FSDP_ACCUMULATION, FSDP_STEPS_PER_GENERATION, FSDP_MAX_STEPS = 2, 4, 4
+
+
+@pytest.fixture(scope="module")
+def fsdp_vllm_run(model_dir, tmp_path_factory):
+    output_dir = tmp_path_factory.mktemp("fsdp2_vllm")
+    script = [str(HERE / "vllm_training_run.py"), str(model_dir), str(output_dir), "token_truncate", "3.0"]
+    script += [str(FSDP_ACCUMULATION), str(FSDP_STEPS_PER_GENERATION), str(FSDP_MAX_STEPS)]
+    argv = [
+        sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+        str(ROOT / "examples" / "accelerate_configs" / "fsdp2.yaml"), "--num_processes", "2", "--mixed_precision",
+        "no", "--main_process_port", "29548", *script,
+    ]  # fmt: skip
+    paths = [str(HERE / "distributed" / "fsdp_on_cpu"), str(ROOT), os.environ.get("PYTHONPATH", "")]
+    output = run_in_own_process(argv, output_dir, "the FSDP2 vLLM run", PYTHONPATH=os.pathsep.join(paths))
+    for rank in range(2):
+        assert f"fsdp_on_cpu: rank {rank}: FSDPQwen3ForCausalLM is an FSDPModule" in output, output[-5000:]
+    generations = FSDP_MAX_STEPS * FSDP_ACCUMULATION // FSDP_STEPS_PER_GENERATION
+    assert output.count("weight sync: ") == generations * 2, output[-5000:]
+    return {
+        "recorded": [torch.load(output_dir / f"recorded_rank{rank}.pt") for rank in range(2)],
+        "synced": [torch.load(output_dir / f"synced_rank{rank}.pt") for rank in range(2)],
+    }
+
+
+@pytest.mark.slow
+def test_fsdp2_vllm_holds_the_trained_weights(fsdp_vllm_run, model_dir):
+    """After each sync, vLLM holds the trainer's gathered weights, those of the root FSDP unit (embeddings, tied output
+    layer, final norm) included, to within vLLM's rounding and far from the initial values; and its log-probs of its
+    samples agree with the trainer's far more closely than the updates since the start moved them."""
+    initial = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    initial_weights = initial.state_dict()
+    for rank, syncs in enumerate(fsdp_vllm_run["synced"]):
+        assert [sync["global_step"] for sync in syncs] == [0, 2]
+        for sync in syncs:
+            for name, trainer_value in sync["trainer"].items():
+                vllm_value = sync["vllm"][name][: trainer_value.size(0)]  # vLLM pads the vocabulary to 64 rows
+                gap = (vllm_value - trainer_value).abs().max().item()
+                # vLLM computes in bf16, whose rounding changes a value by at most 2^-8 of it
+                assert gap <= 2**-8 * trainer_value.abs().max().item(), (rank, sync["global_step"], name, gap)
+                if sync["global_step"] > 0:  # trained: a stale vLLM would show the whole drift as gap
+                    drift = (trainer_value - initial_weights[name]).abs().max().item()
+                    assert gap < 0.25 * drift, (rank, name, gap, drift)
+
+    for rank, records in enumerate(fsdp_vllm_run["recorded"]):
+        for record in records[FSDP_STEPS_PER_GENERATION:]:  # the second generation's micro-batches
+            inputs = record["inputs"]
+            mask = inputs["completion_mask"].bool()
+            gap = (inputs["old_per_token_logps"] - inputs["sampling_per_token_logps"]).abs()[mask].mean().item()
+            with torch.no_grad():
+                before, _ = token_logps_and_entropies(initial, inputs)
+            drift = (inputs["old_per_token_logps"] - before).abs()[mask].mean().item()
+            assert gap < 0.05 * drift, (rank, gap, drift)
+
+
+@pytest.mark.slow
+def test_fsdp2_vllm_step_loss_is_eq6_with_importance_weights(fsdp_vllm_run, model_dir):
+    """Each optimizer step (2 micro-batches on each of 2 processes): the silenced set is Eq. 6's from the trainer's
+    probabilities at the step's weights, recomputed here (vLLM's sampling probabilities would give another set on some
+    step); the processes' summed loss is Eq. 6 over the step with TRL's importance weights, scaled by TRL's DAPO
+    normalizer (the step's loss-token count over the generation batch's mean per step)."""
+    recorded = fsdp_vllm_run["recorded"]
+    assert all(len(records) == FSDP_MAX_STEPS * FSDP_ACCUMULATION for records in recorded)
+    mask_from_vllm_differs = []
+    for step in range(FSDP_MAX_STEPS):
+        micro = slice(step * FSDP_ACCUMULATION, (step + 1) * FSDP_ACCUMULATION)
+        records = [record for records in recorded for record in records[micro]]
+        weights = records[0]["weights"]
+        for record in records[1:]:  # one step: the same (gathered) weights everywhere
+            assert all(torch.equal(record["weights"][n], w) for n, w in weights.items())
+        model = load_model(model_dir, weights)
+        parts = {key: [] for key in ("logps", "entropies", "old", "sampling", "mask", "silenced", "weights")}
+        for record in records:
+            inputs = record["inputs"]
+            with torch.no_grad():
+                logps, entropies = token_logps_and_entropies(model, inputs)
+            mask = inputs["completion_mask"].bool()
+            parts["logps"].append(logps)
+            parts["entropies"].append(entropies)
+            parts["old"].append(inputs["old_per_token_logps"])
+            parts["sampling"].append(inputs["sampling_per_token_logps"])
+            parts["mask"].append(mask)
+            parts["silenced"].append(inputs["spurious_silenced"])
+            is_weights = importance_weights(
+                inputs["old_per_token_logps"], inputs["sampling_per_token_logps"], mask, "token_truncate", 3.0
+            )
+            torch.testing.assert_close(inputs["importance_sampling_ratio"], is_weights)
+            parts["weights"].append(is_weights.expand_as(logps))
+        width = max(t.size(1) for t in parts["logps"])
+        logps, entropies, old, sampling, weights = (
+            pad_columns(parts[k], width) for k in ("logps", "entropies", "old", "sampling", "weights")
+        )
+        mask, silenced = (pad_columns(parts[k], width, value=False) for k in ("mask", "silenced"))
+        advantages = torch.cat([record["inputs"]["advantages"] for record in records])
+
+        expected = s2t_silenced(logps, entropies, advantages, mask, TAU_P, Q)
+        assert 0 < int(expected.sum()) and torch.equal(silenced, expected), step
+        from_vllm = s2t_silenced(sampling, entropies, advantages, mask, TAU_P, Q)
+        mask_from_vllm_differs.append(not torch.equal(from_vllm, expected))
+
+        kept = mask & ~expected
+        surrogate = clipped_surrogate(logps, old, advantages, EPSILON_LOW, EPSILON_HIGH)
+        eq6 = -(surrogate * weights * kept).sum() / kept.sum()
+        generation_tokens = records[0]["inputs"]["num_items_in_batch"].float()
+        step_scale = mask.sum() / (generation_tokens * FSDP_ACCUMULATION / FSDP_STEPS_PER_GENERATION)
+        loss = torch.stack([record["loss"] for record in records]).sum() / 2  # the processes' mean of their sums
+        torch.testing.assert_close(loss, eq6 * step_scale, rtol=1e-5, atol=1e-6)
+    assert any(mask_from_vllm_differs), "vLLM's probabilities give the trainer's set: the check above is vacuous"
