@@ -224,11 +224,15 @@ class STAPOTrainer(GRPOTrainer):
     @property
     def _decides_per_step(self) -> bool:
         # With one micro-batch per optimizer step, the decision inside its loss (over all processes) is the step's
-        # already: no decision ahead of it, and no extra forward.
+        # already: no decision ahead of it, and no extra forward. Modes without τ_h ("all", "random") decide each
+        # token alone, so only the DAPO normalizer needs the step's silenced count before the first backward; with
+        # the other loss types they decide inside each micro-batch's loss, at no extra forward.
         args = self.args
+        pools_tokens = args.spurious_mask_mode in ("low_entropy", "high_entropy") or args.loss_type == "dapo"
         return (
             args.spurious_mask_scope == "step"
             and args.spurious_mask_mode != "none"
+            and pools_tokens
             and args.gradient_accumulation_steps > 1
         )
 

@@ -248,11 +248,11 @@ def test_micro_batch_scope_deviation_is_bounded(tokenizer, model, prompt_dataset
 
 def step_gradient(trainer, micro_batches):
     """One optimizer step's accumulated gradient as the training loop forms it: `_prepare_inputs` decides the step's
-    mask at its first micro-batch (scope "step"), then each micro-batch's loss is backpropagated."""
+    mask at its first micro-batch (scope "step"), then each micro-batch's loss is backpropagated (also GRPOTrainer)."""
     trainer.model.train()
     trainer.model.zero_grad()
     trainer.current_gradient_accumulation_steps = len(micro_batches)
-    if trainer.args.spurious_mask_scope == "step":
+    if getattr(trainer.args, "spurious_mask_scope", None) == "step":
         micro_batches = trainer._decide_step(micro_batches)
     for micro_batch in micro_batches:
         trainer._compute_loss(trainer.model, micro_batch).backward()
@@ -368,6 +368,44 @@ def test_step_pre_pass_forwards_a_micro_batch_with_images_whole(tokenizer, model
     trainer._no_grad_logps_and_entropies(micro_batches)
     num_positive = int((micro_batches[0]["advantages"] > 0).sum())
     assert calls == [(num_positive, None), (4, micro_batches[1]["pixel_values"])]
+
+
+@pytest.mark.parametrize("loss_type, pre_pass", [("dapo", True), ("bnpo", False)])
+def test_mode_all_needs_a_pre_pass_only_for_the_dapo_normalizer(loss_type, pre_pass, tokenizer, prompt_dataset,
+                                                                 tmp_path):  # fmt: skip
+    """Mode "all" silences every candidate, each decided alone: only DAPO's normalizer, which counts the step's
+    silenced tokens, needs them before the first backward. Either way the gradient is the step's with every candidate
+    out of the loss."""
+    inputs = make_inputs(len(tokenizer), batch=8, seed=4)
+    trainer = build(
+        STAPOTrainer, tiny_qwen3(tokenizer, seed=0), tokenizer, prompt_dataset, tmp_path,
+        gradient_accumulation_steps=2, spurious_mask_mode="all", loss_type=loss_type,
+    )  # fmt: skip
+    rows, hook = count_forwards(trainer.model)
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 2
+    micro_batches = split_rows(inputs, [4, 4])
+    if trainer._decides_per_step:  # as _prepare_inputs does
+        micro_batches = trainer._decide_step(micro_batches)
+    for micro_batch in micro_batches:
+        trainer._compute_loss(trainer.model, micro_batch).backward()
+    hook.remove()
+    grads = {name: p.grad for name, p in trainer.model.named_parameters() if p.grad is not None}
+    num_positive = int((inputs["advantages"] > 0).sum())
+    assert num_positive == 5
+    assert rows == ([4, 1] if pre_pass else []) + [4, 4]  # the pre-pass (packed 4 to a forward), then the losses
+
+    with torch.no_grad():
+        logps, _ = token_logps_and_entropies(tiny_qwen3(tokenizer, seed=0), inputs)
+    candidates = inputs["completion_mask"].bool() & (inputs["advantages"][:, None] > 0) & (logps.exp() < TEST_TAU_P)
+    assert candidates.any()
+    # GRPOTrainer's step with the candidates out of its loss mask (a tool mask: attended to, not trained on).
+    masked = dict(inputs, tool_mask=(~candidates).long())
+    masked["num_items_in_batch"] = (masked["completion_mask"] * masked["tool_mask"]).sum()
+    grpo = build(GRPOTrainer, tiny_qwen3(tokenizer, seed=0), tokenizer, prompt_dataset, tmp_path / "grpo",
+                 gradient_accumulation_steps=2, loss_type=loss_type)  # fmt: skip
+    expected, _ = step_gradient(grpo, split_rows(masked, [4, 4]))
+    assert_same_grads(grads, expected, rtol=1e-4, atol=1e-6)
 
 
 def one_candidate_per_micro_batch(vocab_size):
