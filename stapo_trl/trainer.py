@@ -52,8 +52,10 @@ class STAPOTrainer(GRPOTrainer):
     candidate), packed into forwards of `per_device_train_batch_size` rows, keeping only the per-token
     log-probabilities and entropies. With one micro-batch per optimizer step (`gradient_accumulation_steps=1`) that
     micro-batch's loss takes the step's decision itself, from its own forward. With `"micro_batch"` each micro-batch
-    decides alone inside its loss (pooled over processes), from the loss's own forward. The entropy quantiles of the
-    loss tokens are logged from the loss forwards, once per decision.
+    decides alone inside its loss (pooled over processes), from the loss's own forward. Modes without τ_h (`"all"`,
+    `"random"`) decide each token alone: they need the step's values ahead of its backward only for the DAPO
+    normalizer's silenced count, so with the other loss types they decide inside each micro-batch's loss. The entropy
+    quantiles of the loss tokens are logged from the loss forwards, once per decision.
 
     Normalization. With `loss_type="dapo"`, a micro-batch's loss is its sum over unsilenced tokens divided by TRL's
     normalizer scaled by the keep ratio (L - S) / L, where L and S count the loss and silenced tokens of the decision's
@@ -298,20 +300,23 @@ class STAPOTrainer(GRPOTrainer):
             if rows.numel() == 0:
                 continue
             if any(micro_batch.get(key) is not None for key in IMAGE_INPUT_KEYS):
-                groups[index] = [(index, slice(None))]
+                groups[index] = [(index, torch.arange(micro_batch["prompt_ids"].size(0), device=rows.device))]
             else:
                 shape = (micro_batch["prompt_ids"].shape, micro_batch["completion_ids"].shape)
                 groups.setdefault(shape, []).append((index, rows))
-        num_forwards = 0
+        # Known before any forward, so that the count's collective precedes every process's first forward.
+        num_forwards = sum(-(-sum(rows.numel() for _, rows in parts) // batch_size) for parts in groups.values())
+        most = num_forwards
+        if self.accelerator.num_processes > 1:
+            most = int(self.accelerator.gather(torch.tensor([num_forwards], device=logps[0].device)).max())
         with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
             for parts in groups.values():
                 first = micro_batches[parts[0][0]]
-                pieces = {
-                    key: [micro_batches[index][key][rows] for index, rows in parts]
+                packed = {
+                    key: torch.cat([micro_batches[index][key][rows] for index, rows in parts])
                     for key in ROW_KEYS
                     if first.get(key) is not None
                 }
-                packed = {key: torch.cat(values) for key, values in pieces.items()}
                 image_inputs = {key: first.get(key) for key in IMAGE_INPUT_KEYS}  # a whole micro-batch's, or none
                 group_logps, group_entropies, _ = self._get_per_token_logps_and_entropies(
                     self.model,
@@ -324,20 +329,16 @@ class STAPOTrainer(GRPOTrainer):
                     mm_token_type_ids=packed.get("mm_token_type_ids"),
                     **image_inputs,
                 )
-                num_forwards += -(-packed["prompt_ids"].size(0) // batch_size)
-                sizes = [piece.size(0) for piece in pieces["prompt_ids"]]
+                sizes = [rows.numel() for _, rows in parts]
                 for (index, rows), part_logps, part_entropies in zip(
                     parts, group_logps.split(sizes), group_entropies.split(sizes), strict=True
                 ):
                     logps[index][rows], entropies[index][rows] = part_logps, part_entropies
-            if self.accelerator.num_processes > 1:
-                count = torch.tensor([num_forwards], device=logps[0].device)
-                most = int(self.accelerator.gather(count).max())
-                last_prompt_token = micro_batches[0]["prompt_ids"][:1, -1:]  # prompts are left-padded: a real token
-                for _ in range(most - num_forwards):
-                    self._get_per_token_logps_and_entropies(
-                        self.model, last_prompt_token, torch.ones_like(last_prompt_token), 1
-                    )
+            last_prompt_token = micro_batches[0]["prompt_ids"][:1, -1:]  # prompts are left-padded: a real token
+            for _ in range(most - num_forwards):
+                self._get_per_token_logps_and_entropies(
+                    self.model, last_prompt_token, torch.ones_like(last_prompt_token), 1
+                )
         return logps, entropies
 
     def _generate_and_score_completions(self, inputs):
