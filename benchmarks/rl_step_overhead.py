@@ -20,12 +20,13 @@ Each training run is a process of its own (a colocated vLLM sets process-wide di
 WORLD_SIZE and MASTER_* for good); the weight sync to vLLM goes through tests/vllm_cpu_weight_sync.py, as in the vLLM
 tests. A run trains `--generations` generation batches; the first is a warm-up (vLLM's and torch's first calls) and
 is not timed. A step's time is the wall time between the ends of two consecutive optimizer steps (Transformers'
-`on_step_end`), so it holds everything the loop does: generation (vLLM sampling, reward, advantages, TRL's forward of
+`on_step_end`), and its CPU time the training process's (`time.process_time`, all its threads), so it holds everything the loop does: generation (vLLM sampling, reward, advantages, TRL's forward of
 the old log-probabilities, the weight sync), the step decision, the losses and backwards, the optimizer step,
 logging. Inside it, `_generate_and_score_completions` and the step scope's pre-pass (`_no_grad_logps_and_entropies`)
 are timed separately. The methods run interleaved: each round starts one run of each method, in random order; the
 ratio STAPO / GRPO is taken per round (sums of the timed steps), and its median and range over the rounds are
-reported, with the median time per optimizer step and per generation batch.
+reported, with the median time per optimizer step and per generation batch. On a shared machine the CPU-time ratio is
+the steadier one: wall time also counts the waits for other jobs.
 """
 
 import argparse
@@ -53,6 +54,8 @@ COLUMNS = [
     "pre-pass ms / batch",
     "time ratio (median)",
     "ratio range",
+    "CPU ms / generation batch",
+    "CPU time ratio (median)",
 ]
 
 
@@ -116,10 +119,10 @@ def training_run(method: str, model_dir: str, output_json: str, args) -> None:
 
     class StepClock(TrainerCallback):
         def on_train_begin(self, *_, **__):
-            step_ends.append(time.perf_counter())
+            step_ends.append((time.perf_counter(), time.process_time()))
 
         def on_step_end(self, *_, **__):
-            step_ends.append(time.perf_counter())
+            step_ends.append((time.perf_counter(), time.process_time()))
 
     trainer = trainer_class(
         model=model_dir, reward_funcs=varied_reward, args=config, train_dataset=prompts, callbacks=[StepClock()]
@@ -153,12 +156,13 @@ def training_run(method: str, model_dir: str, output_json: str, args) -> None:
 def timed_part(record: dict, warmup_steps: int) -> dict:
     """Per-step seconds after the warm-up generation batch, and the generation and pre-pass seconds within them."""
     ends = record["step_ends"]
-    steps = [b - a for a, b in zip(ends[:-1], ends[1:], strict=False)][warmup_steps:]
+    steps = [b[0] - a[0] for a, b in zip(ends[:-1], ends[1:], strict=False)][warmup_steps:]
+    cpu_steps = [b[1] - a[1] for a, b in zip(ends[:-1], ends[1:], strict=False)][warmup_steps:]
     timed = {
         name: sum(seconds for step, seconds in values if step >= warmup_steps)
         for name, values in record["spans"].items()
     }
-    return {"steps": steps, **timed}
+    return {"steps": steps, "cpu_steps": cpu_steps, **timed}
 
 
 def main(argv=None):
@@ -219,6 +223,7 @@ def main(argv=None):
         shares = [share for r in runs for share in r["record"]["positive_shares"]]
         silenced = [value for r in runs for value in r["record"]["silenced"]]
         ratio = summary(ratios)
+        cpu_ratios = [sum(r["cpu_steps"]) / sum(g["cpu_steps"]) for r, g in zip(runs, results["GRPO"], strict=True)]
         rows.append([
             method, f"{statistics.mean(shares):.3f}", f"{100 * statistics.mean(silenced):.3f}" if silenced else "—",
             f"{statistics.median(per_step) * 1e3:.0f}",
@@ -227,6 +232,8 @@ def main(argv=None):
             f"{statistics.median(r['pre-pass'] / timed_generations for r in runs) * 1e3:.0f}",
             "1" if method == "GRPO" else f"{ratio['median']:.4f}",
             "—" if method == "GRPO" else f"[{ratio['min']:.4f}, {ratio['max']:.4f}]",
+            f"{statistics.median(sum(r['cpu_steps']) / timed_generations for r in runs) * 1e3:.0f}",
+            "1" if method == "GRPO" else f"{statistics.median(cpu_ratios):.4f}",
         ])  # fmt: skip
     print(f"Machine: {describe_machine(__import__('torch').device('cpu'))}")
     print(
