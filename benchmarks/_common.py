@@ -1,5 +1,6 @@
 """Helpers shared by the benchmark scripts: statistics, Markdown tables, timing and memory measurement."""
 
+import dataclasses
 import json
 import os
 import platform
@@ -90,6 +91,22 @@ def peak_memory_bytes(fn: Callable[[], object], device: torch.device) -> tuple[i
         running += size
         peak = max(peak, running)
     return peak, 0
+
+
+def grpo_config_like(**settings):
+    """The GRPOConfig a user would write for the STAPO run with these `settings`: STAPOConfig's paper defaults where
+    they differ from GRPOConfig's (`loss_type="dapo"`, ε_low 0.2, ε_high 0.28, δ = 10, β = 0, ...), then `settings`."""
+    from trl import GRPOConfig
+
+    from stapo_trl import STAPOConfig
+
+    grpo_fields = {f.name: f for f in dataclasses.fields(GRPOConfig)}
+    paper_defaults = {
+        f.name: f.default
+        for f in dataclasses.fields(STAPOConfig)
+        if f.name in grpo_fields and f.default != grpo_fields[f.name].default
+    }
+    return GRPOConfig(**{**paper_defaults, **settings})
 
 
 def describe_machine(device: torch.device) -> str:

@@ -10,5 +10,5 @@ out="${OUT:-benchmarks/results-gpu}"
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 python benchmarks/mask_cost.py --device cuda | tee "$out/mask_cost.md"
-python benchmarks/step_overhead.py --preset qwen3-0.6b --device cuda --dtype bfloat16 --rounds 30 \
+python benchmarks/step_overhead.py --preset qwen3-0.6b --device cuda --dtype bfloat16 --rounds 10 \
     | tee "$out/step_overhead_qwen3-0.6b.md"

@@ -1,6 +1,7 @@
-"""Benchmark 1: step time and peak memory of STAPOTrainer (scopes "step" and "micro_batch") against GRPOTrainer.
+"""Benchmark 1: training-step time and peak memory of STAPOTrainer (scopes "step" and "micro_batch") against
+GRPOTrainer, as a function of the share of positive-advantage completions.
 
-    python benchmarks/step_overhead.py                          # tiny CPU models 64x2 and 256x4 (hidden x layers)
+    python benchmarks/step_overhead.py                          # tiny CPU model 64x2 (hidden x layers)
     python benchmarks/step_overhead.py --quick                  # smoke-test sizes
     python benchmarks/step_overhead.py --preset qwen3-0.6b --device cuda --dtype bfloat16   # on a GPU
 
@@ -9,47 +10,54 @@ micro-batches of 4 completions x 1,024 tokens after 128-token prompts unless giv
 
 Three trainers get the same config (`STAPOConfig` with `spurious_mask_scope="step"`, the same with `"micro_batch"`,
 and a `GRPOConfig` with the same values: paper defaults `loss_type="dapo"`, ε_low 0.2, ε_high 0.28, δ = 10, β = 0),
-models with the same initial weights, and the same generation batch (left-padded prompts, completions of varying
-length, GRPO group-normalised advantages of ±1 rewards). Two configurations:
+models with the same initial weights, and the same generation batches. One generation batch per positive share p
+(`--positive-shares`, default 0.1, 0.3, 0.5, 1.0): left-padded prompts, completions of varying length, and advantages
++1 for exactly round(p x N) completions drawn at random, -1 for the others (only Â > 0 matters to S2T: the step
+scope's pre-pass forwards those completions only). Two configurations:
 
 * on-policy: `steps_per_generation = gradient_accumulation_steps` (4), `num_iterations = 1`. TRL runs no forward
-  before the loss, so scope "step" runs a no-grad forward of the step's micro-batches: new work.
+  before the loss, so scope "step" forwards the step's positive completions (no grad): new work.
 * off-policy: `steps_per_generation = 4 x gradient_accumulation_steps` (16), as in the shipped GPU recipes. TRL runs a
   no-grad forward over the generation batch for the old log-probabilities; scope "step" reuses it (with its entropies)
-  for the first of the 4 optimizer steps and runs its own forward for the 3 others (the weights have changed).
+  for the first of the 4 optimizer steps and forwards the positive completions itself for the 3 others (the weights
+  have changed).
 
 Generation itself is left out: `GRPOTrainer._generate_and_score_completions` is replaced, for all three trainers, by
 what TRL does after generating and scoring: the no-grad forward for the old log-probabilities when TRL runs it (the
 same call as TRL's), and the token count. Everything else is the real training-loop code: `_prepare_inputs` (TRL's
 buffering, shuffle and split; STAPO's step decision), `compute_loss`, `accelerator.backward` per micro-batch, then
-`clip_grad_norm_`, `optimizer.step()`, `zero_grad`. The timed unit is one generation cycle (the replaced generation +
-every optimizer step it feeds), reported per optimizer step. τ_p is calibrated on the model so that a realistic
-fraction of the loss tokens are candidates (default 0.05%; a random model gives every token probability ~1/vocab); the
-measured candidate and silenced rates are printed.
+`clip_grad_norm_`, `optimizer.step()`, `zero_grad`. The timed unit is one optimizer step; a cycle is one generation
+batch (the replaced generation + every optimizer step it feeds). τ_p is calibrated on the model and each batch so
+that a realistic fraction of the loss tokens are candidates (default 0.05%; a random model gives every token
+probability ~1/vocab); the measured candidate and silenced rates are printed.
 
-The three trainers run interleaved: each round runs one cycle of each in random order; warm-up rounds are discarded.
-Reported per STAPO scope: the median time per optimizer step, the median of the per-round ratios STAPO / GRPO and its
-interquartile range, and the ratio of the fastest cycles. Inside the STAPO cycles, the S2T decision
-(`_spurious_mask_and_log`) and the step scope's own no-grad forward (`_no_grad_logps_and_entropies`) are timed
-separately (wall clock on CPU, CUDA events on a GPU), per optimizer step. Peak memory: weights + AdamW states plus the
-peak of the tensors allocated during one cycle (see `_common.peak_memory_bytes`), on an extra, untimed cycle.
+Paired, interleaved measurement: each round runs, for every positive share in random order, one cycle of each
+trainer in random order on that share's batch; warm-up rounds are discarded. Reported per share and STAPO scope: the
+median time per optimizer step, the median of the per-round ratios STAPO / GRPO and its interquartile range, and
+(off-policy) the same ratio split into the first step of each generation batch (TRL's forward reused) and the later
+steps. "forward share" f is the step scope's pre-pass time per step at share 1.0 (every completion forwarded) over
+GRPO's step time, and the target 1 + f x p is what forwarding only the positive share p should cost. Inside the STAPO
+cycles, the S2T decision (`_spurious_mask_and_log`) and the step scope's pre-pass (`_no_grad_logps_and_entropies`)
+are timed separately (wall clock on CPU, CUDA events on a GPU), per optimizer step. Peak memory: weights + AdamW
+states plus the peak of the tensors allocated during one cycle (see `_common.peak_memory_bytes`), on an extra,
+untimed cycle at the largest share.
 """
 
 import argparse
 import copy
-import dataclasses
 import random
 import sys
 import tempfile
 import time
 
 import torch
-from _common import describe_machine, markdown_table, peak_memory_bytes, summary, time_call
+from _common import describe_machine, grpo_config_like, markdown_table, peak_memory_bytes, summary, time_call
 
 
 COLUMNS = [
     "model",
     "config",
+    "positive share",
     "scope",
     "params",
     "loss tokens / step",
@@ -59,9 +67,11 @@ COLUMNS = [
     "STAPO ms",
     "time ratio (median)",
     "ratio IQR",
-    "min-time ratio",
+    "ratio, reused steps",
+    "ratio, other steps",
+    "target 1 + f·p",
+    "pre-pass ms / step",
     "S2T ms / step",
-    "S2T forward ms / step",
     "GRPO peak MB",
     "STAPO peak MB",
     "peak ratio",
@@ -112,14 +122,9 @@ def build_model(tokenizer, size: str, sequence_length: int, seed: int):
     )
 
 
-def make_inputs(vocab_size, batch, prompt_length, completion_length, num_generations, device, seed):
-    """A micro-batch as GRPOTrainer's `_prepare_inputs` hands it to the loss (single process, on-policy)."""
-    inputs = make_generation_batch(vocab_size, batch, prompt_length, completion_length, num_generations, device, seed)
-    return {**inputs, "num_items_in_batch": inputs["completion_mask"].sum()}
-
-
-def make_generation_batch(vocab_size, batch, prompt_length, completion_length, num_generations, device, seed):
-    """The tensors of a generation batch as TRL has them after generating and scoring (single process)."""
+def make_generation_batch(vocab_size, batch, prompt_length, completion_length, positive_share, device, seed):
+    """The tensors of a generation batch as TRL has them after generating and scoring (single process), with
+    exactly round(positive_share x batch) completions of advantage +1, drawn at random, and -1 for the others."""
     generator = torch.Generator().manual_seed(seed)
     prompt_ids = torch.randint(3, vocab_size, (batch, prompt_length), generator=generator)
     completion_ids = torch.randint(3, vocab_size, (batch, completion_length), generator=generator)
@@ -129,10 +134,8 @@ def make_generation_batch(vocab_size, batch, prompt_length, completion_length, n
     positions = torch.arange(completion_length)
     lengths = torch.randint(completion_length // 2, completion_length + 1, (batch,), generator=generator)
     completion_mask = (positions < lengths[:, None]).long()
-    # GRPO advantages: ±1 rewards normalised within groups of `num_generations` completions
-    rewards = torch.randint(0, 2, (batch,), generator=generator).float() * 2 - 1
-    groups = rewards.view(-1, num_generations)
-    advantages = ((groups - groups.mean(1, keepdim=True)) / (groups.std(1, keepdim=True) + 1e-4)).view(-1)
+    advantages = -torch.ones(batch)
+    advantages[torch.randperm(batch, generator=generator)[: round(positive_share * batch)]] = 1.0
     inputs = {
         "prompt_ids": prompt_ids,
         "prompt_mask": prompt_mask,
@@ -181,7 +184,7 @@ def calibrate_prob_threshold(trainer, inputs, candidate_rate: float) -> float:
 
 def build_trainers(args, size, tokenizer, device, dtype, output_dir, steps_per_generation_factor):
     from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
     from stapo_trl import STAPOConfig, STAPOTrainer
 
@@ -209,15 +212,7 @@ def build_trainers(args, size, tokenizer, device, dtype, output_dir, steps_per_g
             **settings, spurious_mask_mode="low_entropy", spurious_mask_scope="micro_batch"
         ),
     }
-    # The GRPOConfig a user would write for the same run (as tests/test_trainer.py's grpo_config_like): the values
-    # where STAPOConfig's paper defaults differ from GRPOConfig's, plus the same settings.
-    grpo_fields = {f.name: f for f in dataclasses.fields(GRPOConfig)}
-    paper_defaults = {
-        f.name: f.default
-        for f in dataclasses.fields(STAPOConfig)
-        if f.name in grpo_fields and f.default != grpo_fields[f.name].default
-    }
-    configs["GRPO"] = GRPOConfig(**{**paper_defaults, **settings})
+    configs["GRPO"] = grpo_config_like(**settings)
     for name in ("loss_type", "epsilon", "epsilon_high", "delta", "beta", "learning_rate", "max_grad_norm"):
         assert getattr(configs["GRPO"], name) == getattr(configs["STAPO step"], name), name
 
@@ -239,21 +234,24 @@ def build_trainers(args, size, tokenizer, device, dtype, output_dir, steps_per_g
     return trainers
 
 
-def make_cycle(trainer, steps_per_cycle):
-    """One generation batch's worth of training, as Transformers' loop runs it (generation stood in for)."""
+def make_cycle(trainer, steps_per_cycle, device):
+    """One generation batch's worth of training, as Transformers' loop runs it (generation stood in for); the cycle
+    returns the seconds of each optimizer step (the first includes the stand-in generation)."""
     model, optimizer, accelerator, args = trainer.model, trainer.optimizer, trainer.accelerator, trainer.args
 
+    def optimizer_step():
+        trainer.current_gradient_accumulation_steps = args.gradient_accumulation_steps
+        for _ in range(args.gradient_accumulation_steps):
+            inputs = trainer._prepare_inputs(None)
+            accelerator.backward(trainer.compute_loss(model, inputs))
+            trainer._step += 1
+        accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        trainer.state.global_step += 1
+
     def cycle():
-        for _ in range(steps_per_cycle):
-            trainer.current_gradient_accumulation_steps = args.gradient_accumulation_steps
-            for _ in range(args.gradient_accumulation_steps):
-                inputs = trainer._prepare_inputs(None)
-                accelerator.backward(trainer.compute_loss(model, inputs))
-                trainer._step += 1
-            accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            trainer.state.global_step += 1
+        return [time_call(optimizer_step, device) for _ in range(steps_per_cycle)]
 
     return cycle
 
@@ -293,44 +291,62 @@ def run_config(args, size, config_name, tokenizer, device, dtype) -> list:
     from trl import GRPOTrainer
 
     factor = CONFIGS[config_name]
+    steps_per_cycle = factor  # optimizer steps fed by one generation batch
     with tempfile.TemporaryDirectory() as output_dir:
         trainers = build_trainers(args, size, tokenizer, device, dtype, output_dir, factor)
         grpo_args = trainers["GRPO"].args
         vocab_size = trainers["GRPO"].model.config.vocab_size
-        batch = make_generation_batch(
-            vocab_size, args.batch * grpo_args.steps_per_generation, args.prompt_length, args.completion_length,
-            args.num_generations, device, args.seed,
-        )  # fmt: skip
-        tau_p = calibrate_prob_threshold(trainers["STAPO step"], batch, args.candidate_rate)
-        for name in TRAINERS:
-            trainers[name].benchmark_generation_batch = batch
-            if name != "GRPO":
-                trainers[name].args.spurious_prob_threshold = tau_p
-        steps_per_cycle = factor  # optimizer steps fed by one generation batch
-        cycles = {name: make_cycle(trainer, steps_per_cycle) for name, trainer in trainers.items()}
+        batches, tau_p = {}, {}
+        for share in args.positive_shares:
+            batches[share] = make_generation_batch(
+                vocab_size, args.batch * grpo_args.steps_per_generation, args.prompt_length, args.completion_length,
+                share, device, args.seed,
+            )  # fmt: skip
+            tau_p[share] = calibrate_prob_threshold(trainers["STAPO step"], batches[share], args.candidate_rate)
+        cycles = {name: make_cycle(trainer, steps_per_cycle, device) for name, trainer in trainers.items()}
         spans = {
             (name, method): time_calls(trainers[name], method, device)
             for name in TRAINERS[1:]
             for method in ("_spurious_mask_and_log", "_no_grad_logps_and_entropies")
         }
 
+        def use_batch(share):
+            for name, trainer in trainers.items():
+                trainer.benchmark_generation_batch = batches[share]
+                if name != "GRPO":
+                    trainer.args.spurious_prob_threshold = tau_p[share]
+
         original_generation = GRPOTrainer._generate_and_score_completions
         GRPOTrainer._generate_and_score_completions = scored_generation_batch
         try:
             rng = random.Random(args.seed)
-            times = {name: [] for name in trainers}
+            times = {(name, share): [] for name in trainers for share in args.positive_shares}  # per cycle: steps
+            span_ms = {(key, share): 0.0 for key in spans for share in args.positive_shares}
+            s2t_metrics = {(name, share): {} for name in TRAINERS[1:] for share in args.positive_shares}
             for round_index in range(args.warmup + args.rounds):
-                order = list(trainers)
-                rng.shuffle(order)
-                elapsed = {name: time_call(cycles[name], device) for name in order}
-                if round_index >= args.warmup:
-                    for name in trainers:
-                        times[name].append(elapsed[name] / steps_per_cycle)
-            per_step_ms = {
-                key: sum(span() for span in values) / ((args.warmup + args.rounds) * steps_per_cycle)
-                for key, values in spans.items()
-            }
+                shares = list(args.positive_shares)
+                rng.shuffle(shares)
+                for share in shares:
+                    use_batch(share)
+                    order = list(trainers)
+                    rng.shuffle(order)
+                    for name in order:
+                        counts = {key: len(values) for key, values in spans.items()}
+                        metrics = {k: len(v) for k, v in trainers[name]._metrics["train"].items()}
+                        step_seconds = cycles[name]()
+                        if round_index < args.warmup:
+                            continue
+                        times[(name, share)].append(step_seconds)
+                        for key, values in spans.items():
+                            span_ms[(key, share)] += sum(span() for span in values[counts[key] :])
+                        if name != "GRPO":
+                            for key, values in trainers[name]._metrics["train"].items():
+                                if key.startswith("spurious/"):
+                                    s2t_metrics[(name, share)].setdefault(key, []).extend(
+                                        values[metrics.get(key, 0) :]
+                                    )
             peaks = {}
+            use_batch(max(args.positive_shares))
             for name in trainers:
                 step_peak, start = peak_memory_bytes(cycles[name], device)
                 resident = start if device.type == "cuda" else resident_bytes(trainers[name])
@@ -339,28 +355,47 @@ def run_config(args, size, config_name, tokenizer, device, dtype) -> list:
             GRPOTrainer._generate_and_score_completions = original_generation
 
         params = sum(p.numel() for p in trainers["GRPO"].model.parameters())
-        loss_tokens = int(batch["completion_mask"].sum()) // grpo_args.steps_per_generation * args.accumulation
+        timed_steps = args.rounds * steps_per_cycle
+        full_share = max(args.positive_shares)
+        grpo_full_ms = summary([sum(c) / steps_per_cycle for c in times[("GRPO", full_share)]])["median"] * 1e3
+        forward_share = span_ms[(("STAPO step", "_no_grad_logps_and_entropies"), full_share)] / timed_steps
+        forward_share /= grpo_full_ms * full_share
         rows = []
-        for name in TRAINERS[1:]:
-            metrics = trainers[name]._metrics["train"]
-            candidates = 100 * _mean(metrics["spurious/candidate_ratio"])
-            silenced = 100 * _mean(metrics["spurious/silenced_ratio"])
-            ratios = [s / g for s, g in zip(times[name], times["GRPO"], strict=True)]
-            ratio = summary(ratios)
-            grpo_ms, stapo_ms = (summary(times[n])["median"] * 1e3 for n in ("GRPO", name))
-            print(
-                f"[{size} {config_name} {name}] τ_p = {tau_p:.4g}; per-round ratios: min {ratio['min']:.4f}, "
-                f"max {ratio['max']:.4f}",
-                file=sys.stderr,
-            )
-            rows.append([
-                size, config_name, name.split()[1], f"{params / 1e6:.2f}M", loss_tokens, f"{candidates:.3f}",
-                f"{silenced:.3f}", f"{grpo_ms:.1f}", f"{stapo_ms:.1f}", f"{ratio['median']:.4f}",
-                f"[{ratio['q25']:.4f}, {ratio['q75']:.4f}]", f"{min(times[name]) / min(times['GRPO']):.4f}",
-                f"{per_step_ms[(name, '_spurious_mask_and_log')]:.2f}",
-                f"{per_step_ms[(name, '_no_grad_logps_and_entropies')]:.1f}",
-                f"{peaks['GRPO'] / 2**20:.2f}", f"{peaks[name] / 2**20:.2f}", f"{peaks[name] / peaks['GRPO']:.4f}",
-            ])  # fmt: skip
+        for share in args.positive_shares:
+            batch = batches[share]
+            loss_tokens = int(batch["completion_mask"].sum()) // grpo_args.steps_per_generation * args.accumulation
+            grpo_cycles = times[("GRPO", share)]
+            for name in TRAINERS[1:]:
+                stapo_cycles = times[(name, share)]
+                metrics = s2t_metrics[(name, share)]
+                candidates = 100 * _mean(metrics["spurious/candidate_ratio"])
+                silenced = 100 * _mean(metrics["spurious/silenced_ratio"])
+                ratios = [sum(s) / sum(g) for s, g in zip(stapo_cycles, grpo_cycles, strict=True)]
+                ratio = summary(ratios)
+                grpo_ms, stapo_ms = (
+                    summary([sum(c) / steps_per_cycle for c in cycles_])["median"] * 1e3
+                    for cycles_ in (grpo_cycles, stapo_cycles)
+                )
+                reused, others = "—", "—"
+                if steps_per_cycle > 1:  # the first step of a generation batch reuses TRL's forward
+                    reused = f"{summary([s[0] / g[0] for s, g in zip(stapo_cycles, grpo_cycles)])['median']:.4f}"
+                    others = summary([sum(s[1:]) / sum(g[1:]) for s, g in zip(stapo_cycles, grpo_cycles)])
+                    others = f"{others['median']:.4f}"
+                target = f"{1 + forward_share * share:.3f}" if name == "STAPO step" else "—"
+                print(
+                    f"[{size} {config_name} share {share} {name}] τ_p = {tau_p[share]:.4g}; per-round ratios: min "
+                    f"{ratio['min']:.4f}, max {ratio['max']:.4f}",
+                    file=sys.stderr,
+                )
+                rows.append([
+                    size, config_name, f"{share:.1f}", name.split()[1], f"{params / 1e6:.2f}M", loss_tokens,
+                    f"{candidates:.3f}", f"{silenced:.3f}", f"{grpo_ms:.1f}", f"{stapo_ms:.1f}",
+                    f"{ratio['median']:.4f}", f"[{ratio['q25']:.4f}, {ratio['q75']:.4f}]", reused, others, target,
+                    f"{span_ms[((name, '_no_grad_logps_and_entropies'), share)] / timed_steps:.1f}",
+                    f"{span_ms[((name, '_spurious_mask_and_log'), share)] / timed_steps:.2f}",
+                    f"{peaks['GRPO'] / 2**20:.2f}", f"{peaks[name] / 2**20:.2f}", f"{peaks[name] / peaks['GRPO']:.4f}",
+                ])  # fmt: skip
+        print(f"[{size} {config_name}] forward share f = {forward_share:.3f}", file=sys.stderr)
         return rows
 
 
@@ -381,21 +416,24 @@ def main(argv=None):
     parser.add_argument("--prompt-length", type=int, default=None, help="default: 32 (tiny), 128 (qwen3-0.6b)")
     parser.add_argument("--completion-length", type=int, default=None, help="default: 256 (tiny), 1024 (qwen3-0.6b)")
     parser.add_argument("--candidate-rate", type=float, default=5e-4, help="target fraction of loss tokens")
+    parser.add_argument("--positive-shares", default="0.1,0.3,0.5,1.0", help="shares of completions with Â > 0")
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="tiny sizes and few rounds (smoke test)")
     args = parser.parse_args(argv)
+    args.positive_shares = [float(share) for share in args.positive_shares.split(",")]
     qwen = args.preset == "qwen3-0.6b"
     args.prompt_length = args.prompt_length or (128 if qwen else 32)
     args.completion_length = args.completion_length or (1024 if qwen else 256)
     if args.quick:
         args.sizes = args.sizes or "32x1"
+        args.positive_shares = [0.3, 1.0]
         args.batch, args.accumulation, args.completion_length, args.prompt_length = 4, 2, 32, 8
         args.rounds, args.warmup = 2, 1
     if args.sizes is None:
-        args.sizes = "qwen3-0.6b" if qwen else "64x2,256x4"
+        args.sizes = "qwen3-0.6b" if qwen else "64x2"
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)

@@ -45,9 +45,9 @@ class STAPOConfig(GRPOConfig):
             step, so the result does not depend on `per_device_train_batch_size`, `gradient_accumulation_steps` or the
             number of processes. It needs the per-token log-probabilities and entropies of the step before its first
             backward: taken from TRL's own no-grad forward where that ran at the same weights, otherwise from a no-grad
-            forward of the step's micro-batches. `"micro_batch"`: each micro-batch decides alone (pooled over
-            processes) inside its loss, at no extra forward; its τ_h and normalizer then depend on how the step is
-            split.
+            forward of the step's positive-advantage completions (the only ones that can hold a candidate).
+            `"micro_batch"`: each micro-batch decides alone (pooled over processes) inside its loss, at no extra
+            forward; its τ_h and normalizer then depend on how the step is split.
         spurious_trace (`bool`, defaults to `False`):
             Write the silenced tokens and a sample of the kept candidates, with context and top-k alternatives, to
             `<output_dir>/spurious_trace/rank-<i>.jsonl` (see `stapo_trl.diagnostics.trace`). Bounded per

@@ -28,6 +28,10 @@ MODEL_INPUT_KEYS = (
     "pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
     "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids",
 )  # fmt: skip
+# Those of them that are per image rather than per row: a micro-batch holding them cannot be cut into rows.
+IMAGE_INPUT_KEYS = tuple(key for key in MODEL_INPUT_KEYS if key not in ("token_type_ids", "mm_token_type_ids"))
+# What the pre-pass packs row by row: the token tensors and the per-row model inputs.
+ROW_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "token_type_ids", "mm_token_type_ids")
 
 
 class STAPOTrainer(GRPOTrainer):
@@ -47,10 +51,14 @@ class STAPOTrainer(GRPOTrainer):
     come from TRL's own no-grad forward of the old log-probabilities where that ran at the same weights (the first
     step of each generation batch, when `steps_per_generation > gradient_accumulation_steps`, `num_iterations > 1`
     or vLLM importance sampling makes TRL run it; the fused LM head computes the entropies there anyway), and
-    otherwise from a no-grad forward of the step's micro-batches, one at a time, keeping only the per-token
+    otherwise from a no-grad forward of the step's positive-advantage completions only (the only ones that can hold a
+    candidate), packed into forwards of `per_device_train_batch_size` rows, keeping only the per-token
     log-probabilities and entropies. With one micro-batch per optimizer step (`gradient_accumulation_steps=1`) that
     micro-batch's loss takes the step's decision itself, from its own forward. With `"micro_batch"` each micro-batch
-    decides alone inside its loss (pooled over processes), from the loss's own forward.
+    decides alone inside its loss (pooled over processes), from the loss's own forward. Modes without τ_h (`"all"`,
+    `"random"`) decide each token alone: they need the step's values ahead of its backward only for the DAPO
+    normalizer's silenced count, so with the other loss types they decide inside each micro-batch's loss. The entropy
+    quantiles of the loss tokens are logged from the loss forwards, once per decision.
 
     Normalization. With `loss_type="dapo"`, a micro-batch's loss is its sum over unsilenced tokens divided by TRL's
     normalizer scaled by the keep ratio (L - S) / L, where L and S count the loss and silenced tokens of the decision's
@@ -135,6 +143,7 @@ class STAPOTrainer(GRPOTrainer):
         self._captured_forwards = None  # (log-probs, entropies) of TRL's no-grad forwards during a generation
         self._old_forward_step = None  # global step at which TRL's old-log-prob forward last ran
         self._step_inputs = None  # the micro-batches of the current optimizer step, with the step's S2T decision
+        self._pool_entropies = []  # (entropies, loss mask) of the loss forwards of the current decision so far
         self._tracer = None
         if args.spurious_trace:
             self._tracer = SpuriousTokenTracer(
@@ -161,7 +170,9 @@ class STAPOTrainer(GRPOTrainer):
 
         The pool is one micro-batch (tensors) or the micro-batches of one optimizer step (lists of tensors, then
         `silenced` is a list too); in both cases it spans every process. The keep ratio (L - S) / L counts the loss
-        tokens L and silenced tokens S of the whole pool on all processes.
+        tokens L and silenced tokens S of the whole pool on all processes. Only the tokens of positive-advantage
+        completions are read from `per_token_logps` and `entropies` (the step's pre-pass leaves the others NaN);
+        the entropy quantiles of all loss tokens are logged by `_log_entropy_quantiles`, from the loss forwards.
         """
         args = self.args
         pooled = isinstance(per_token_logps, list)
@@ -186,13 +197,6 @@ class STAPOTrainer(GRPOTrainer):
             return_details=True,
         )
         timer.stop()
-        # Entropy quantiles of the pool's loss tokens, over the values of every process (not a mean of quantiles).
-        values = torch.cat([e.detach().reshape(-1).float() for e in entropies])
-        valid = torch.cat([m.reshape(-1).bool() for m in mask])
-        if multi_process:
-            values = self._gather_entropies(values[valid])
-            valid = torch.ones_like(values, dtype=torch.bool)
-        quantiles = masked_quantile(values, valid, list(ENTROPY_QUANTILES.values()))
         counts = torch.stack(
             [sum(m.sum() for m in mask), sum(c.sum() for c in candidates), sum(s.sum() for s in silenced)]
         )
@@ -201,15 +205,14 @@ class STAPOTrainer(GRPOTrainer):
         keep_ratio = (num_loss - num_silenced).clamp(min=1.0) / num_loss.clamp(min=1.0)
 
         # Everything logged comes to the host in one read.
-        host = torch.cat([totals, entropy_threshold.reshape(1).float(), quantiles]).tolist()
-        (num_loss_, num_candidates_, num_silenced_, threshold_), quantiles_ = host[:4], host[4:]
+        num_loss_, num_candidates_, num_silenced_, threshold_ = torch.cat(
+            [totals, entropy_threshold.reshape(1).float()]
+        ).tolist()
         metrics = self._metrics[mode]
         metrics["spurious/silenced_ratio"].append(num_silenced_ / max(num_loss_, 1.0))
         metrics["spurious/candidate_ratio"].append(num_candidates_ / max(num_loss_, 1.0))
         metrics["spurious/silenced_count"].append(num_silenced_)
         metrics["spurious/entropy_threshold"].append(threshold_)
-        for name, quantile in zip(ENTROPY_QUANTILES, quantiles_, strict=True):
-            metrics[f"entropy/{name}"].append(quantile)
         metrics["spurious/mask_time_ms"].append(timer.milliseconds())
         if self._tracer is not None and mode == "train":  # step: the optimizer step being built, as in the logs
             for index in range(len(inputs)):
@@ -220,6 +223,24 @@ class STAPOTrainer(GRPOTrainer):
                 )  # fmt: skip
         return (silenced if pooled else silenced[0]), keep_ratio
 
+    def _log_entropy_quantiles(self, entropies, mask, mode: str, pool_size: int):
+        """Log the entropy quantiles of one decision's loss tokens (paper Fig. 5d), from the loss forwards.
+
+        Called by every micro-batch's loss; the quantiles are taken once the decision's `pool_size` micro-batches have
+        come through, over the values of every process (not a mean of quantiles).
+        """
+        self._pool_entropies.append((entropies.detach().reshape(-1).float(), mask.reshape(-1).bool()))
+        if len(self._pool_entropies) < pool_size:
+            return
+        values, valid = (torch.cat(parts) for parts in zip(*self._pool_entropies, strict=True))
+        self._pool_entropies = []
+        if self.accelerator.num_processes > 1:
+            values = self._gather_entropies(values[valid])
+            valid = torch.ones_like(values, dtype=torch.bool)
+        quantiles = masked_quantile(values, valid, list(ENTROPY_QUANTILES.values())).tolist()
+        for name, quantile in zip(ENTROPY_QUANTILES, quantiles, strict=True):
+            self._metrics[mode][f"entropy/{name}"].append(quantile)
+
     # --- S2T per optimizer step (spurious_mask_scope="step") ---
     # Transformers' loop calls `_prepare_inputs` once per micro-batch, in order, before that micro-batch's forward;
     # GRPOTrainer hands out slices of its buffered generation batch there. At the first micro-batch of an optimizer
@@ -229,11 +250,15 @@ class STAPOTrainer(GRPOTrainer):
     @property
     def _decides_per_step(self) -> bool:
         # With one micro-batch per optimizer step, the decision inside its loss (over all processes) is the step's
-        # already: no decision ahead of it, and no extra forward.
+        # already: no decision ahead of it, and no extra forward. Modes without τ_h ("all", "random") decide each
+        # token alone, so only the DAPO normalizer needs the step's silenced count before the first backward; with
+        # the other loss types they decide inside each micro-batch's loss, at no extra forward.
         args = self.args
+        pools_tokens = args.spurious_mask_mode in ("low_entropy", "high_entropy") or args.loss_type == "dapo"
         return (
             args.spurious_mask_scope == "step"
             and args.spurious_mask_mode != "none"
+            and pools_tokens
             and args.gradient_accumulation_steps > 1
         )
 
@@ -254,11 +279,10 @@ class STAPOTrainer(GRPOTrainer):
     def _decide_step(self, micro_batches: list[dict]) -> list[dict]:
         """The S2T decision of one optimizer step, from its micro-batches (this process's share), before any backward.
 
-        Needs log π_θ and H of every loss token of the step under the step's weights. Where TRL's no-grad forward of
-        the old log-probabilities ran at these same weights (the first optimizer step of a generation batch, when TRL
-        runs that forward at all), its values are used; otherwise a no-grad forward runs micro-batch by micro-batch,
-        keeping only the per-token log-probabilities and entropies. Returns the micro-batches with the decision
-        attached.
+        Needs log π_θ and H of the step's candidates under the step's weights. Where TRL's no-grad forward of the old
+        log-probabilities ran at these same weights (the first optimizer step of a generation batch, when TRL runs
+        that forward at all), its values are used; otherwise `_no_grad_logps_and_entropies` forwards the step's
+        positive-advantage completions. Returns the micro-batches with the decision attached.
         """
         reuse = self._old_forward_step == self.state.global_step and all(
             "old_per_token_entropies" in micro_batch for micro_batch in micro_batches
@@ -267,31 +291,78 @@ class STAPOTrainer(GRPOTrainer):
             logps = [micro_batch["old_per_token_logps"] for micro_batch in micro_batches]
             entropies = [micro_batch["old_per_token_entropies"] for micro_batch in micro_batches]
         else:
-            logps, entropies = zip(*(self._no_grad_logps_and_entropies(mb) for mb in micro_batches), strict=True)
+            logps, entropies = self._no_grad_logps_and_entropies(micro_batches)
         masks = [_loss_mask(micro_batch) for micro_batch in micro_batches]
         advantages = [_per_row(micro_batch["advantages"]) for micro_batch in micro_batches]
         silenced, keep_ratio = self._spurious_mask_and_log(
-            self.model, micro_batches, list(logps), list(entropies), advantages, masks, "train"
+            self.model, micro_batches, logps, entropies, advantages, masks, "train"
         )
+        self._pool_entropies = []  # the step's loss forwards log its entropy quantiles
         return [
-            {**micro_batch, "spurious_silenced": mb_silenced, "spurious_keep_ratio": keep_ratio}
+            {**micro_batch, "spurious_silenced": mb_silenced, "spurious_keep_ratio": keep_ratio,
+             "spurious_pool_size": len(micro_batches)}
             for micro_batch, mb_silenced in zip(micro_batches, silenced, strict=True)
-        ]
+        ]  # fmt: skip
 
-    def _no_grad_logps_and_entropies(self, inputs) -> tuple[torch.Tensor, torch.Tensor]:
-        """log π_θ and H of a micro-batch's completion tokens, as its loss will compute them, without a graph."""
-        input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
-        attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+    def _no_grad_logps_and_entropies(self, micro_batches: list[dict]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """log π_θ and H of the step's tokens that can be candidates, as the loss will compute them, without a graph.
+
+        Only completions with Â > 0 can hold a candidate, and τ_h is a quantile of the candidates' entropies, so only
+        they are forwarded: their rows from every micro-batch of the step, packed into forwards of
+        `per_device_train_batch_size` rows. Rows are packed only with rows of the same padded shape (all the
+        micro-batches of a generation batch share one), so each keeps the padding, and positions, of its loss forward;
+        a micro-batch with images is forwarded whole (its image tensors are not per row). The other rows are NaN.
+        Every process runs as many forwards as the one with the most, adding one-token forwards where it has fewer:
+        under FSDP or ZeRO-3 each forward is a collective.
+        """
+        batch_size = self.args.per_device_train_batch_size
+        logps = [torch.full_like(mb["completion_ids"], torch.nan, dtype=torch.float32) for mb in micro_batches]
+        entropies = [torch.full_like(values, torch.nan) for values in logps]
+        groups = {}  # packing key -> [(micro-batch index, its rows to forward)]
+        for index, micro_batch in enumerate(micro_batches):
+            rows = (_per_row(micro_batch["advantages"]) > 0).any(dim=1).nonzero().squeeze(1)
+            if rows.numel() == 0:
+                continue
+            if any(micro_batch.get(key) is not None for key in IMAGE_INPUT_KEYS):
+                groups[index] = [(index, torch.arange(micro_batch["prompt_ids"].size(0), device=rows.device))]
+            else:
+                shape = (micro_batch["prompt_ids"].shape, micro_batch["completion_ids"].shape)
+                groups.setdefault(shape, []).append((index, rows))
+        # Known before any forward, so that the count's collective precedes every process's first forward.
+        num_forwards = sum(-(-sum(rows.numel() for _, rows in parts) // batch_size) for parts in groups.values())
+        most = num_forwards
+        if self.accelerator.num_processes > 1:
+            most = int(self.accelerator.gather(torch.tensor([num_forwards], device=logps[0].device)).max())
         with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
-            logps, entropies, _ = self._get_per_token_logps_and_entropies(
-                self.model,
-                input_ids,
-                attention_mask,
-                inputs["completion_ids"].size(1),
-                batch_size=self.args.per_device_train_batch_size,
-                compute_entropy=True,
-                **{key: inputs.get(key) for key in MODEL_INPUT_KEYS},
-            )
+            for parts in groups.values():
+                first = micro_batches[parts[0][0]]
+                packed = {
+                    key: torch.cat([micro_batches[index][key][rows] for index, rows in parts])
+                    for key in ROW_KEYS
+                    if first.get(key) is not None
+                }
+                image_inputs = {key: first.get(key) for key in IMAGE_INPUT_KEYS}  # a whole micro-batch's, or none
+                group_logps, group_entropies, _ = self._get_per_token_logps_and_entropies(
+                    self.model,
+                    torch.cat([packed["prompt_ids"], packed["completion_ids"]], dim=1),
+                    torch.cat([packed["prompt_mask"], packed["completion_mask"]], dim=1),
+                    packed["completion_ids"].size(1),
+                    batch_size=batch_size,
+                    compute_entropy=True,
+                    token_type_ids=packed.get("token_type_ids"),
+                    mm_token_type_ids=packed.get("mm_token_type_ids"),
+                    **image_inputs,
+                )
+                sizes = [rows.numel() for _, rows in parts]
+                for (index, rows), part_logps, part_entropies in zip(
+                    parts, group_logps.split(sizes), group_entropies.split(sizes), strict=True
+                ):
+                    logps[index][rows], entropies[index][rows] = part_logps, part_entropies
+            last_prompt_token = micro_batches[0]["prompt_ids"][:1, -1:]  # prompts are left-padded: a real token
+            for _ in range(most - num_forwards):
+                self._get_per_token_logps_and_entropies(
+                    self.model, last_prompt_token, torch.ones_like(last_prompt_token), 1
+                )
         return logps, entropies
 
     def _generate_and_score_completions(self, inputs):
@@ -352,6 +423,7 @@ class STAPOTrainer(GRPOTrainer):
             silenced, keep_ratio = self._spurious_mask_and_log(
                 model, inputs, per_token_logps, entropies, advantages, mask, mode
             )
+        self._log_entropy_quantiles(entropies, mask, mode, inputs.get("spurious_pool_size", 1))
         mask = mask * ~silenced
 
         if self.top_entropy_quantile < 1.0:

@@ -3,7 +3,8 @@
 The same 16 completions as tests/test_trainer.py's invariance test, now split over 2 processes x (batch 4,
 accumulation 2). Checks that the step's silenced set is the single-process Eq. 6 set of the 16, that the
 process-averaged gradient equals the Eq. 6 gradient, that the logged entropy quantiles are those of all 16 completions'
-loss tokens, and that scope "micro_batch" gives another gradient. Then two real training steps.
+loss tokens, and that scope "micro_batch" gives another gradient; then the same where one process holds no
+positive-advantage completion (both run the same number of pre-pass forwards). Then two real training steps.
 """
 
 import sys
@@ -88,7 +89,30 @@ def main():
     assert grads_differ(grads, expected), "scope micro_batch gave the step's gradient: the check above is vacuous"
     trainer.args.spurious_mask_scope = "step"
 
-    # 4. Real training steps: the collectives line up across processes.
+    # 4. Rank 1 holds no positive-advantage completion: its pre-pass has nothing to forward, yet it runs as many
+    # forwards as rank 0 (under FSDP each forward is a collective: a missing one hangs), and the decision is Eq. 6's.
+    positive = torch.arange(16) < 8
+    full["advantages"] = torch.where(positive, full["advantages"].abs() + 0.1, -full["advantages"].abs())
+    local = {key: value[rows] if value.dim() else value for key, value in full.items()}
+    expected, reference_silenced = eq6_reference(tokenizer, full)
+    assert reference_silenced.any()
+    forward_rows = []
+    hook = trainer.model.register_forward_pre_hook(
+        lambda module, args, kwargs: forward_rows.append(kwargs["input_ids"].size(0)), with_kwargs=True
+    )
+    decided = trainer._decide_step(split_rows(local, [4, 4]))
+    hook.remove()
+    counts = accelerator.gather(torch.tensor([len(forward_rows)]))
+    assert counts[0] == counts[1] == 2, f"rank {rank}: forwards per process {counts.tolist()}"
+    assert forward_rows == ([4, 4] if rank == 0 else [1, 1]), f"rank {rank}: rows forwarded {forward_rows}"
+    silenced = torch.cat([mb["spurious_silenced"] for mb in decided])
+    assert torch.equal(silenced, reference_silenced[rows]), f"rank {rank}: step decision differs from Eq. 6"
+    grads, _ = step_gradient(trainer, split_rows(local, [4, 4]))
+    grads = mean_over_processes(grads, world)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, expected[name], rtol=1e-4, atol=1e-6, msg=name)
+
+    # 5. Real training steps: the collectives line up across processes.
     trainer.train()
     assert any("spurious/silenced_ratio" in entry for entry in trainer.state.log_history)
     print(f"rank {rank}: distributed S2T OK", flush=True)

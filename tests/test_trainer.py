@@ -245,11 +245,11 @@ def test_micro_batch_scope_deviation_is_bounded(tokenizer, model, prompt_dataset
 
 def step_gradient(trainer, micro_batches):
     """One optimizer step's accumulated gradient as the training loop forms it: `_prepare_inputs` decides the step's
-    mask at its first micro-batch (scope "step"), then each micro-batch's loss is backpropagated."""
+    mask at its first micro-batch (scope "step"), then each micro-batch's loss is backpropagated (also GRPOTrainer)."""
     trainer.model.train()
     trainer.model.zero_grad()
     trainer.current_gradient_accumulation_steps = len(micro_batches)
-    if trainer.args.spurious_mask_scope == "step":
+    if getattr(trainer.args, "spurious_mask_scope", None) == "step":
         micro_batches = trainer._decide_step(micro_batches)
     for micro_batch in micro_batches:
         trainer._compute_loss(trainer.model, micro_batch).backward()
@@ -350,6 +350,107 @@ def test_dropout_is_off_by_default_so_the_step_decision_is_eq6s(tokenizer, promp
     assert grads_differ(loss_and_grads(trainer, inputs)[1], expected)
 
 
+def count_forwards(model):
+    """Record the rows of every forward of `model`: returns the list the forwards append to, and the hook."""
+    rows = []
+    hook = model.register_forward_pre_hook(lambda module, args, kwargs: rows.append(kwargs["input_ids"].size(0)),
+                                           with_kwargs=True)  # fmt: skip
+    return rows, hook
+
+
+@pytest.mark.parametrize("positive_rows", [(0, 1, 3, 6, 9, 12, 15), (5,), ()])
+def test_step_pre_pass_forwards_only_positive_completions(positive_rows, tokenizer, prompt_dataset, tmp_path):
+    """Scope "step", 4 micro-batches of 4: the pre-pass forwards the rows with Â > 0 only, packed 4 to a forward,
+    and the decision is Eq. 6's over the 16 completions; the entropy quantiles come from the loss forwards, over
+    every loss token."""
+    inputs = make_inputs(len(tokenizer), batch=16, seed=8)
+    positive = torch.zeros(16, dtype=torch.bool)
+    positive[list(positive_rows)] = True
+    inputs["advantages"] = torch.where(positive, inputs["advantages"].abs() + 0.1, -inputs["advantages"].abs())
+    # τ_p = 0.05 (not TEST_TAU_P): a single positive completion holds enough candidates for some to be silenced.
+    with torch.no_grad():
+        logps, entropies = token_logps_and_entropies(tiny_qwen3(tokenizer, seed=0), inputs)
+    reference_silenced = s2t_silenced(logps, entropies, inputs["advantages"], inputs["completion_mask"], 0.05, 0.75)
+    assert bool(reference_silenced.any()) == bool(positive_rows)  # the case exercises the mask
+    trainer = build(
+        STAPOTrainer, tiny_qwen3(tokenizer, seed=0), tokenizer, prompt_dataset, tmp_path,
+        gradient_accumulation_steps=4, spurious_prob_threshold=0.05,
+    )  # fmt: skip
+    rows, hook = count_forwards(trainer.model)
+    decided = trainer._decide_step(split_rows(inputs, [4] * 4))
+    hook.remove()
+    assert rows == [4] * (len(positive_rows) // 4) + ([len(positive_rows) % 4] if len(positive_rows) % 4 else [])
+
+    trainer.model.train()
+    trainer.model.zero_grad()
+    for micro_batch in decided:
+        trainer._compute_loss(trainer.model, micro_batch).backward()
+    grads = {name: p.grad for name, p in trainer.model.named_parameters() if p.grad is not None}
+    assert torch.equal(torch.cat([mb["spurious_silenced"] for mb in decided]), reference_silenced)
+    expected, _ = eq6_reference(tokenizer, inputs, silenced=reference_silenced)
+    assert_same_grads(grads, expected, rtol=1e-4, atol=1e-6)
+    metrics = trainer._metrics["train"]
+    assert metrics["spurious/silenced_count"] == [reference_silenced.sum().item()]
+    loss_entropies = entropies[inputs["completion_mask"].bool()]
+    for name, q in (("p50", 0.5), ("p80", 0.8), ("p95", 0.95)):  # one value for the step, over all 16 completions
+        assert metrics[f"entropy/{name}"] == [pytest.approx(torch.quantile(loss_entropies, q).item(), rel=1e-5)]
+
+
+def test_step_pre_pass_forwards_a_micro_batch_with_images_whole(tokenizer, model, prompt_dataset, tmp_path):
+    """Image tensors are not per row: a micro-batch that carries them goes to the model whole, with them."""
+    trainer = build(STAPOTrainer, model, tokenizer, prompt_dataset, tmp_path, gradient_accumulation_steps=2)
+    micro_batches = split_rows(make_inputs(len(tokenizer), batch=8, seed=4), [4, 4])
+    micro_batches[1]["pixel_values"] = torch.zeros(3, 2)  # stands for a processor's output
+    calls, forward = [], trainer._get_per_token_logps_and_entropies
+
+    def recording_forward(model, input_ids, attention_mask, logits_to_keep, pixel_values=None, **kwargs):
+        calls.append((input_ids.size(0), pixel_values))
+        return forward(model, input_ids, attention_mask, logits_to_keep, **kwargs)  # the tiny model has no vision
+
+    trainer._get_per_token_logps_and_entropies = recording_forward
+    trainer._no_grad_logps_and_entropies(micro_batches)
+    num_positive = int((micro_batches[0]["advantages"] > 0).sum())
+    assert calls == [(num_positive, None), (4, micro_batches[1]["pixel_values"])]
+
+
+@pytest.mark.parametrize("loss_type, pre_pass", [("dapo", True), ("bnpo", False)])
+def test_mode_all_needs_a_pre_pass_only_for_the_dapo_normalizer(loss_type, pre_pass, tokenizer, prompt_dataset,
+                                                                 tmp_path):  # fmt: skip
+    """Mode "all" silences every candidate, each decided alone: only DAPO's normalizer, which counts the step's
+    silenced tokens, needs them before the first backward. Either way the gradient is the step's with every candidate
+    out of the loss."""
+    inputs = make_inputs(len(tokenizer), batch=8, seed=4)
+    trainer = build(
+        STAPOTrainer, tiny_qwen3(tokenizer, seed=0), tokenizer, prompt_dataset, tmp_path,
+        gradient_accumulation_steps=2, spurious_mask_mode="all", loss_type=loss_type,
+    )  # fmt: skip
+    rows, hook = count_forwards(trainer.model)
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 2
+    micro_batches = split_rows(inputs, [4, 4])
+    if trainer._decides_per_step:  # as _prepare_inputs does
+        micro_batches = trainer._decide_step(micro_batches)
+    for micro_batch in micro_batches:
+        trainer._compute_loss(trainer.model, micro_batch).backward()
+    hook.remove()
+    grads = {name: p.grad for name, p in trainer.model.named_parameters() if p.grad is not None}
+    num_positive = int((inputs["advantages"] > 0).sum())
+    assert num_positive == 5
+    assert rows == ([4, 1] if pre_pass else []) + [4, 4]  # the pre-pass (packed 4 to a forward), then the losses
+
+    with torch.no_grad():
+        logps, _ = token_logps_and_entropies(tiny_qwen3(tokenizer, seed=0), inputs)
+    candidates = inputs["completion_mask"].bool() & (inputs["advantages"][:, None] > 0) & (logps.exp() < TEST_TAU_P)
+    assert candidates.any()
+    # GRPOTrainer's step with the candidates out of its loss mask (a tool mask: attended to, not trained on).
+    masked = dict(inputs, tool_mask=(~candidates).long())
+    masked["num_items_in_batch"] = (masked["completion_mask"] * masked["tool_mask"]).sum()
+    grpo = build(GRPOTrainer, tiny_qwen3(tokenizer, seed=0), tokenizer, prompt_dataset, tmp_path / "grpo",
+                 gradient_accumulation_steps=2, loss_type=loss_type)  # fmt: skip
+    expected, _ = step_gradient(grpo, split_rows(masked, [4, 4]))
+    assert_same_grads(grads, expected, rtol=1e-4, atol=1e-6)
+
+
 def one_candidate_per_micro_batch(vocab_size):
     """4 micro-batches of 4 completions where only row 0 has Â > 0, and that row has a single loss token."""
     micro_batches = []
@@ -435,7 +536,7 @@ def test_training_recomputes_the_mask_of_every_step(tokenizer, prompt_dataset, t
     for step, silenced, expected in decisions:
         assert torch.equal(silenced, expected), step
     assert any(silenced.any() for _, silenced, _ in decisions)
-    assert forwards == [1, 1, 2, 2, 3, 3]  # step 0 reused TRL's forward of the old log-probabilities
+    assert forwards == [1, 2, 3]  # step 0 reused TRL's forward of the old log-probabilities
     # Steps 0 and 2 train on the same completions (second iteration) under different weights: decided anew.
     assert not torch.equal(decisions[0][1], decisions[2][1]) or not torch.equal(decisions[0][2], decisions[2][2])
 
