@@ -171,6 +171,12 @@ def _check_benchmark_sources(args) -> None:
     task = get_task(args.task)
     for spec in args.benchmarks or task.benchmarks:
         benchmark = task.parse_benchmark(spec)
+        if task.shipped_dir is None and args.benchmarks_dir is None and benchmark.source is None:
+            files = ", ".join(b.file for b in task.benchmarks.values() if b.file)
+            raise UsageError(
+                f"--benchmarks_dir: the {task.name} benchmarks are read from local files (docs/evaluation.md says "
+                f"where to get them): pass the directory holding {files}, or NAME=PATH for each of --benchmarks."
+            )
         source = task.source(benchmark, args.benchmarks_dir)
         if Path(source).expanduser().exists():
             continue
@@ -180,16 +186,16 @@ def _check_benchmark_sources(args) -> None:
 
 
 def main(argv=None, task: str = "math", description: str | None = None) -> dict:
+    """Evaluate every --model and print the table. A wrong model, benchmark, verifier or output name raises
+    `UsageError` (a `ValueError`) before any model is loaded or anything is written."""
     args = parse_args(argv, task, description)
-    prog = Path(sys.argv[0]).name
-    try:  # every check before a model is loaded or anything is written, each failure one line
+    try:
         verifier = _verifier(args)
         models = _models(args)
         if not args.regrade:
             _check_benchmark_sources(args)
-    except (UsageError, ValueError, FileNotFoundError) as error:
-        print(f"{prog}: error: {error}", file=sys.stderr)
-        raise SystemExit(2) from None
+    except (ValueError, FileNotFoundError) as error:
+        raise UsageError(str(error)) from None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     vllm_kwargs = {
         key: getattr(args, key)
@@ -229,3 +235,12 @@ def main(argv=None, task: str = "math", description: str | None = None) -> dict:
     Path(args.output_dir, "table.json").write_text(json.dumps(summaries, indent=2, ensure_ascii=False))
     print(table)
     return summaries
+
+
+def run(task: str, description: str | None = None) -> None:
+    """The evaluation scripts' entry point: `main`, with a `UsageError` printed as one line (status 2)."""
+    try:
+        main(task=task, description=description)
+    except UsageError as error:
+        print(f"{Path(sys.argv[0]).name}: error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
