@@ -13,8 +13,9 @@ import sys
 from pathlib import Path
 
 from ..cli import UsageError, check_hub_repo, check_model_source
-from .generation import BACKENDS, PRESETS
+from .generation import BACKENDS
 from .grading import DEFAULT_VERIFIER, KEEP, VerifierConfig
+from .presets import PRESETS
 from .run import EvalConfig, evaluate, model_display_name, model_output_dir, regrade
 from .summary import markdown_table
 from .tasks import get_task
