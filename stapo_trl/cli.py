@@ -516,10 +516,10 @@ def end_processes(trainer) -> None:
 
 
 def use_one_thread_per_cpu_process(training_args) -> None:
-    """On a CPU, one intra-op thread per process unless OMP_NUM_THREADS says otherwise. The toy's operations are too
-    small to gain from a second thread, and on cores shared with other work the threads of a process wait for each
-    other: 20 steps of the offline demo took 4x longer with 2 threads than with 1 on a 2-core machine others were
-    using (README, "Run it offline on a CPU"). Launchers already start each of several processes with one thread."""
+    """On a CPU, one intra-op thread per process unless OMP_NUM_THREADS says otherwise. On cores shared with other
+    work the threads of a process wait for each other: 20 steps of the offline demo on a busy 2-core machine took 4-11
+    times the wall time and 3-6 times the CPU time with two threads (README, "Time, and threads"). Launchers already
+    start each of several processes with one thread."""
     import torch
 
     if "OMP_NUM_THREADS" not in os.environ and (training_args.use_cpu or not torch.cuda.is_available()):
