@@ -328,11 +328,13 @@ def check_hub_repo(repo_id: str, repo_type: str, flag: str, revision: str | None
 
 
 def check_data_source(source: str, flag: str = "--dataset_name") -> None:
-    """A local file or directory, `toy`, or a Hub dataset available now."""
+    """`toy`, a local file or directory, or a Hub dataset available now (`stapo_trl.data_source`)."""
+    from .data_source import is_hub_id
+
     if source == TOY or os.path.exists(os.path.expanduser(source)):
         return
-    if source.lower().endswith((".parquet", ".jsonl", ".json")):
-        raise UsageError(f"{flag} {source}: no such file.")
+    if not is_hub_id(source):
+        raise UsageError(f"{flag} {source}: no such file or directory.")
     check_hub_repo(source, "dataset", flag)
 
 
