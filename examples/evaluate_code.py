@@ -17,8 +17,8 @@ Each model gets ``<output_dir>/<name>/`` (samples.jsonl, run.json, summary.json,
 command resumes; --regrade runs the stored programs again without generating. See docs/evaluation.md.
 """
 
-from stapo_trl.evaluation.cli import main
+from stapo_trl.evaluation.cli import run
 
 
 if __name__ == "__main__":
-    main(task="code", description=__doc__)
+    run(task="code", description=__doc__)

@@ -17,8 +17,8 @@ command resumes. The table of all models goes to ``<output_dir>/table.md`` and `
 docs/evaluation.md.
 """
 
-from stapo_trl.evaluation.cli import main
+from stapo_trl.evaluation.cli import run
 
 
 if __name__ == "__main__":
-    main(task="math", description=__doc__)
+    run(task="math", description=__doc__)

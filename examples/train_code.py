@@ -7,7 +7,15 @@ import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stapo_trl.cli import TOY, TrainingScript, TrainingScriptArguments, UsageError, check_data_source, run
+from stapo_trl.cli import (
+    TOY,
+    TrainingScript,
+    TrainingScriptArguments,
+    UsageError,
+    check_data_source,
+    is_main_launcher_process,
+    run,
+)
 
 
 DESCRIPTION = """\
@@ -114,6 +122,12 @@ def main(script_args: CodeScriptArguments, training_args, model_args) -> None:
         code_reward,
     )
 
+    if model_args.model_name_or_path in (None, TOY) and is_main_launcher_process():
+        print(
+            "Note: the toy model was pre-trained on arithmetic, not code, so it writes no passing program: expect "
+            "reward -1 and loss 0 throughout (a group whose completions all score alike has zero advantages). "
+            "This run shows the wiring: prompts, generation, the sandboxed tests, STAPO's loss."
+        )
     model_path, peft_config = model_and_peft_config(training_args, model_args)
     if script_args.max_prompt_length is not None:
         from transformers import AutoTokenizer

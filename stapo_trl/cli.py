@@ -22,6 +22,7 @@ import importlib.util
 import json
 import os
 import re
+import signal
 import sys
 import time
 import warnings
@@ -32,7 +33,7 @@ from pathlib import Path
 import yaml
 
 from .methods import METHODS, method_config
-from .output_dir import prepare_output_dir
+from .output_dir import TRAINER_STATE, prepare_output_dir
 
 
 TOY = "toy"  # model_name_or_path / dataset_name of the offline toy world (stapo_trl.toy)
@@ -172,10 +173,12 @@ def _with_method_name(value, method: str):
     return value.replace("{method}", method) if isinstance(value, str) else value
 
 
-def parse_args(script: TrainingScript, argv: list[str] | None = None):
+def parse_args(script: TrainingScript, argv: list[str] | None = None, problems: list[str] | None = None):
     """(script_args, training_args, model_args) from the command line; see the module docstring for the rules.
 
-    `--help` runs `print_help` and exits. Errors are `UsageError`s naming the option or recipe key at fault.
+    `--help` runs `print_help` and exits. Errors are `UsageError`s naming the option or recipe key at fault. With a
+    `problems` list, `bf16` without a GPU is appended to it instead and parsing goes on with `bf16: false`, so that
+    the other checks can report their problems in the same message.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     if "-h" in argv or "--help" in argv:
@@ -203,13 +206,16 @@ def parse_args(script: TrainingScript, argv: list[str] | None = None):
     except ValueError as error:  # the configs' own validation (__post_init__)
         if isinstance(error, UsageError):
             raise
-        message = str(error)
-        if "support bf16" in message:  # TrainingArguments: "Your setup doesn't support bf16/gpu."
-            message = (
-                "bf16: true needs a GPU with bfloat16 support and none was found: pass --bf16 false (with "
-                "--use_cpu true to train on the CPU), or run on a GPU."
-            )
-        raise UsageError(message) from None
+        if "support bf16" not in str(error):  # TrainingArguments: "Your setup doesn't support bf16/gpu."
+            raise UsageError(str(error)) from None
+        message = (
+            "bf16: true needs a GPU with bfloat16 support and none was found: pass --bf16 false (with "
+            "--use_cpu true to train on the CPU), or run on a GPU."
+        )
+        if problems is None:
+            raise UsageError(message) from None
+        problems.append(message)
+        script_args, training_args, model_args = parser.parse_args_into_dataclasses(args=[*rest, "--bf16", "false"])
     if config is None and "--model_name_or_path" in {token.split("=", 1)[0] for token in argv}:
         if model_args.model_name_or_path != TOY and is_main_launcher_process():
             print(
@@ -322,15 +328,17 @@ def check_hub_repo(repo_id: str, repo_type: str, flag: str, revision: str | None
 
 
 def check_data_source(source: str, flag: str = "--dataset_name") -> None:
-    """A local file or directory, `toy`, or a Hub dataset available now."""
+    """`toy`, a local file or directory, or a Hub dataset available now (`stapo_trl.data_source`)."""
+    from .data_source import is_hub_id
+
     if source == TOY or os.path.exists(os.path.expanduser(source)):
         return
-    if source.lower().endswith((".parquet", ".jsonl", ".json")):
-        raise UsageError(f"{flag} {source}: no such file.")
+    if not is_hub_id(source):
+        raise UsageError(f"{flag} {source}: no such file or directory.")
     check_hub_repo(source, "dataset", flag)
 
 
-def check_model_source(name: str | None, revision: str | None = None) -> None:
+def check_model_source(name: str | None, revision: str | None = None, flag: str = "--model_name_or_path") -> None:
     """`toy`, a local model directory, or a Hub model available now."""
     if name in (None, TOY):
         return
@@ -338,38 +346,80 @@ def check_model_source(name: str | None, revision: str | None = None) -> None:
     if path.exists():
         if not any((path / file).is_file() for file in ("config.json", "adapter_config.json")):
             raise UsageError(
-                f"--model_name_or_path {name}: no config.json there; pass a folder written by save_pretrained (or a "
+                f"{flag} {name}: no config.json there; pass a folder written by save_pretrained (or a "
                 "checkpoint-N folder) or a Hub model id."
             )
         return
-    check_hub_repo(name, "model", "--model_name_or_path", revision)
+    check_hub_repo(name, "model", flag, revision)
 
 
-def check_before_loading(script_args: TrainingScriptArguments, training_args, model_args) -> None:
+def check_before_loading(script_args: TrainingScriptArguments, training_args, model_args, problems=None) -> None:
     """Everything that can be checked before a model is loaded; sets `training_args.resume_from_checkpoint` to
-    the checkpoint folder to resume from (for `true`/`latest`, the last complete one)."""
-    try:
+    the checkpoint folder to resume from (for `true`/`latest`, the last complete one).
+
+    Every problem found (and those already in `problems`) is reported in one `UsageError`, one line each, so that a
+    recipe run on the wrong machine lists all it lacks at once. A finished run asked to resume exits with status 0.
+    """
+    problems = list(problems or [])
+
+    def check(step: Callable[[], None]) -> None:
+        try:
+            step()
+        except (UsageError, ValueError) as error:
+            problems.append(str(error))
+
+    def output_dir() -> None:
         training_args.resume_from_checkpoint = prepare_output_dir(
             training_args.output_dir,
             training_args.resume_from_checkpoint,
             overwrite=script_args.overwrite_output_dir,
             is_main_process=is_main_launcher_process(),
         )
-    except ValueError as error:
-        raise UsageError(str(error)) from None
+
+    check(output_dir)
+    if not problems:
+        stop_if_finished(training_args)
     if training_args.use_vllm and importlib.util.find_spec("vllm") is None:
-        raise UsageError(
+        problems.append(
             "use_vllm: true needs vLLM, which is not installed: pip install -e '.[vllm]' (CUDA machines), or pass "
             "--use_vllm false to generate with transformers."
         )
     for reporter in training_args.report_to or []:
         package = _REPORTER_PACKAGES.get(reporter)
         if package and importlib.util.find_spec(package) is None:
-            raise UsageError(
+            problems.append(
                 f"report_to: {reporter} needs the {package} package, which is not installed: pip install {package}, "
                 "or pass --report_to none (the logs are kept in trainer_state.json either way)."
             )
-    check_model_source(model_args.model_name_or_path, model_args.model_revision)
+    check(lambda: check_model_source(model_args.model_name_or_path, model_args.model_revision))
+    dataset = getattr(script_args, "dataset_name", None)
+    if dataset:
+        check(lambda: check_data_source(dataset))
+    if len(problems) == 1:
+        raise UsageError(problems[0])
+    if problems:
+        raise UsageError(
+            f"{len(problems)} problems, all to fix before this run can start:\n  " + "\n  ".join(problems)
+        )
+
+
+def stop_if_finished(training_args) -> None:
+    """Resuming a run that already reached its last step would train past it and overwrite the finished model and
+    `results.json` (transformers' resume does): say so instead, and exit with status 0."""
+    checkpoint = training_args.resume_from_checkpoint
+    if checkpoint is None:
+        return
+    state = json.loads((Path(checkpoint) / TRAINER_STATE).read_text())
+    target = training_args.max_steps if training_args.max_steps > 0 else state.get("max_steps", 0)
+    if target and state.get("global_step", 0) >= target:
+        if is_main_launcher_process():
+            print(
+                f"{_shown(training_args.output_dir)}: this run is finished ({_shown(checkpoint)} is step "
+                f"{state['global_step']} of {target}); nothing to resume. To train it further raise --max_steps; to "
+                "start over pass --overwrite_output_dir true instead of --resume_from_checkpoint.",
+                file=sys.stderr,
+            )
+        raise SystemExit(0)
 
 
 # ---- the run around the trainer -----------------------------------------------------------------------------------
@@ -406,20 +456,34 @@ def train_and_save(
     `evaluate(path) -> accuracy`, when given, runs on the main process on `model_path` before training and on the
     trained model after (the held-out check). Returns the results written.
     """
+    from .interruption import StopOnSignal, tied_weights_explained
+
     start = time.perf_counter()
     args, accelerator = trainer.args, trainer.accelerator
     processes = f"{accelerator.num_processes} process" + ("es" if accelerator.num_processes > 1 else "")
+    completions = args.per_device_train_batch_size * args.gradient_accumulation_steps * accelerator.num_processes
     accelerator.print(
         f"Method {method} ({processes}): spurious_mask_mode={args.spurious_mask_mode}, τ_p="
         f"{args.spurious_prob_threshold}, q={args.spurious_entropy_quantile}, loss_type={args.loss_type}; "
-        f"{len(trainer.train_dataset)} training problems; output in {Path(args.output_dir).resolve()}"
+        f"{len(trainer.train_dataset)} training problems; output in {Path(args.output_dir).resolve()}\n"
+        f"Each optimizer step: {completions // args.num_generations} prompts x {args.num_generations} completions "
+        f"(per_device_train_batch_size {args.per_device_train_batch_size} x gradient_accumulation_steps "
+        f"{args.gradient_accumulation_steps} x {processes})"
     )
     results = {"method": method, "seed": args.seed}
     if evaluate is not None and accelerator.is_main_process:
         results["heldout_accuracy_before"] = evaluate(model_path)
         print(f"Held-out accuracy before training: {results['heldout_accuracy_before']:.3f}")
 
-    trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
+    stop = StopOnSignal(accelerator)
+    trainer.add_callback(stop)
+    with stop.installed(), tied_weights_explained(trainer.model):
+        trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
+    if stop.received is not None:
+        if accelerator.is_main_process:
+            print(stop.report(trainer.state, args.output_dir), file=sys.stderr)
+        end_processes(trainer)
+        raise SystemExit(130 if stop.received == signal.SIGINT else 143)
     trainer.save_model(args.output_dir)
     trainer.save_state()  # trainer_state.json beside the model: the logs that `stapo-report plots` reads
     trainer.create_model_card(dataset_name=dataset_name)  # README.md: the method and its S2T settings
@@ -440,13 +504,28 @@ def train_and_save(
     if accelerator.is_main_process:
         (Path(args.output_dir) / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     accelerator.print(f"Done in {results['seconds']:.0f} s.")
-    # Free the DDP wrapper (its gradient reducer holds the process group) while every process is still here, then end
-    # the group: a reducer freed at interpreter exit, after the group, can hang a rank in gloo's destructor.
-    accelerator.wait_for_everyone()
-    trainer.model_wrapped = trainer.model
-    accelerator.free_memory()
-    trainer.end()
+    end_processes(trainer)
     return results
+
+
+def end_processes(trainer) -> None:
+    """Free the DDP wrapper (its gradient reducer holds the process group) while every process is still here, then
+    end the group: a reducer freed at interpreter exit, after the group, can hang a rank in gloo's destructor."""
+    trainer.accelerator.wait_for_everyone()
+    trainer.model_wrapped = trainer.model
+    trainer.accelerator.free_memory()
+    trainer.end()
+
+
+def use_one_thread_per_cpu_process(training_args) -> None:
+    """On a CPU, one intra-op thread per process unless OMP_NUM_THREADS says otherwise. On cores shared with other
+    work the threads of a process wait for each other: 20 steps of the offline demo on a busy 2-core machine took 4-11
+    times the wall time and 3-6 times the CPU time with two threads (README, "Time, and threads"). Launchers already
+    start each of several processes with one thread."""
+    import torch
+
+    if "OMP_NUM_THREADS" not in os.environ and (training_args.use_cpu or not torch.cuda.is_available()):
+        torch.set_num_threads(1)
 
 
 def quiet_known_warnings() -> None:
@@ -468,10 +547,18 @@ def run(script: TrainingScript, main: Callable, argv: list[str] | None = None) -
     """
     quiet_known_warnings()
     try:
-        script_args, training_args, model_args = parse_args(script, argv)
-        check_before_loading(script_args, training_args, model_args)
+        problems = []
+        script_args, training_args, model_args = parse_args(script, argv, problems)
+        check_before_loading(script_args, training_args, model_args, problems)
+        use_one_thread_per_cpu_process(training_args)
         main(script_args, training_args, model_args)
     except UsageError as error:
         if is_main_launcher_process():
             print(f"{script.prog}: error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
+    except KeyboardInterrupt:  # before training (loading, the held-out check) or a second Ctrl-C during it
+        if is_main_launcher_process():
+            print(
+                f"\n{script.prog}: interrupted; checkpoints already saved in its output_dir are kept.", file=sys.stderr
+            )
+        raise SystemExit(130) from None

@@ -18,70 +18,7 @@ from .methods import METHODS
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 SUMMARY_FILE = "summary.md"  # the Markdown table stapo_trl.evaluation writes into its output directory
 
-TEMPLATE = """\
----
-{{ card_data }}
----
-
-# Model Card for {{ model_name }}
-
-{% if base_model %}This model is a fine-tuned version of [{{ base_model }}](https://huggingface.co/{{ base_model }})\
-{% elif local_base %}This model was trained from a local checkpoint (`{{ local_base }}`)\
-{% else %}This model was trained from a model built in memory\
-{% endif %}{% if dataset_link %} on the [{{ dataset_name }}](https://huggingface.co/datasets/{{ dataset_name }}) dataset\
-{% elif dataset_name %} on `{{ dataset_name }}`{% endif %}, with {{ trainer_name }} ({{ paper_title }}) on top of \
-[TRL](https://github.com/huggingface/trl)'s GRPOTrainer.
-
-## Quick start
-
-```python
-from transformers import pipeline
-
-generator = pipeline("text-generation", model="{{ hub_model_id }}", device_map="auto")
-question = "What is the sum of the first 10 positive odd numbers? Please reason step by step, and put your final \
-answer within \\\\boxed{}."
-print(generator([{"role": "user", "content": question}], max_new_tokens=512, return_full_text=False)[0]["generated_text"])
-```
-
-## Training procedure
-
-Method: **{{ method }}**. Settings of the S2T mask (spurious-token silencing, paper Eq. 6) and of the loss:
-
-| setting | value |
-|---|---|
-{% for name, value in settings %}| {{ name }} | {{ value }} |
-{% endfor %}
-{% if evaluation %}
-## Evaluation
-
-{% for source, table in evaluation %}From `{{ source }}`:
-
-{{ table }}
-{% endfor %}{% endif %}
-### Framework versions
-
-{% for name, number in versions %}- {{ name }}: {{ number }}
-{% endfor %}
-## Citations
-
-Cite {{ trainer_name }} as:
-
-```bibtex
-{{ trainer_citation }}
-```
-
-Cite TRL as:
-
-```bibtex
-{% raw %}@software{vonwerra2020trl,
-  title   = {{TRL: Transformers Reinforcement Learning}},
-  author  = {von Werra, Leandro and Belkada, Younes and Tunstall, Lewis and Beeching, Edward and Thrush, Tristan and Lambert, Nathan and Huang, Shengyi and Rasul, Kashif and Gallouédec, Quentin},
-  license = {Apache-2.0},
-  url     = {https://github.com/huggingface/trl},
-  year    = {2020}
-}{% endraw %}
-```
-"""
+TEMPLATE = Path(__file__).parent / "templates" / "model_card.md"  # Jinja, filled by `model_card`
 
 
 def method_name(args) -> str:
@@ -116,6 +53,12 @@ def evaluation_tables(output_dir: str | os.PathLike) -> list[tuple[str, str]]:
     return [(str(path.relative_to(folder)), path.read_text().strip()) for path in found if path.is_file()]
 
 
+def local_model_name(path: str | os.PathLike) -> str:
+    """A local base model as the card names it: the last two components of its path (`toy/checkpoint`,
+    `run/checkpoint-500`), never the machine's absolute path, which would be pushed to the Hub with the card."""
+    return "/".join(Path(path).parts[-2:])
+
+
 def model_card(
     args,
     base_model: str | None,
@@ -140,10 +83,10 @@ def model_card(
         ("Datasets", "datasets"), ("Tokenizers", "tokenizers"))]  # fmt: skip
     return ModelCard.from_template(
         card_data,
-        template_str=TEMPLATE,
+        template_str=TEMPLATE.read_text(encoding="utf-8"),
         model_name=model_name,
         base_model=base_model if on_hub else None,
-        local_base=base_model,
+        local_base=local_model_name(base_model) if base_model and not on_hub else None,
         dataset_name=dataset_name,
         dataset_link=bool(dataset_name and _HUB_ID.match(dataset_name) and not os.path.exists(dataset_name)),
         hub_model_id=hub_model_id,

@@ -1,14 +1,18 @@
 """The training command line (stapo_trl.cli) as examples/train_math.py uses it: rules, help, one-line errors."""
 
 import importlib.util
+import json
 import os
+import shlex
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from conftest import run_command
 
-from stapo_trl.cli import UsageError, check_before_loading
+from stapo_trl.cli import UsageError, check_before_loading, parse_args
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -153,3 +157,78 @@ def test_help_starts_with_the_script_then_stapo_then_everything():
     assert "(default: toy)" in short and "examples/recipes/toy/stapo_cpu.yaml" in short
     assert "--spurious_prob_threshold" in text[stapo_options:everything]
     assert "--learning_rate" in text[everything:] and "--lora_r" in text[everything:]
+
+
+def test_a_finished_run_is_not_resumed(train_math, tmp_path, capsys):
+    """Resuming a run whose last checkpoint is its last step would train past it and overwrite the finished model."""
+    checkpoint = tmp_path / "run" / "checkpoint-4"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "trainer_state.json").write_text('{"global_step": 4, "max_steps": 4}')
+    (tmp_path / "run" / "results.json").write_text("{}")
+    argv = ["--output_dir", str(tmp_path / "run"), "--resume_from_checkpoint", "latest"]
+    script_args, args, model_args = parse(train_math, *argv, "--max_steps", "4")
+    with pytest.raises(SystemExit) as exit:
+        check_before_loading(script_args, args, model_args)
+    assert exit.value.code == 0 and "this run is finished" in capsys.readouterr().err
+    script_args, args, model_args = parse(train_math, *argv, "--max_steps", "8")  # asked to go further: resumes
+    check_before_loading(script_args, args, model_args)
+    assert args.resume_from_checkpoint == str(checkpoint)
+
+
+def test_a_gpu_recipe_on_a_cpu_lists_all_its_problems_at_once(train_math, tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the recipe's bf16 is fine here")
+    problems = []
+    recipe = str(ROOT / "examples" / "recipes" / "Qwen3-1.7B-Base" / "stapo.yaml")
+    script_args, args, model_args = parse_args(
+        train_math.SCRIPT, ["--config", recipe, "--output_dir", str(tmp_path / "run")], problems
+    )
+    with pytest.raises(UsageError) as error:
+        check_before_loading(script_args, args, model_args, problems)
+    lines = str(error.value).splitlines()
+    expected = ["bf16: true needs a GPU", "--model_name_or_path Qwen/Qwen3-1.7B-Base:", "--dataset_name BytedTsinghua"]
+    if importlib.util.find_spec("vllm") is None:
+        expected.append("use_vllm: true needs vLLM")
+    assert lines[0] == f"{len(expected)} problems, all to fix before this run can start:"
+    assert sorted(line.strip().split(" ")[0] for line in lines[1:]) == sorted(e.split(" ")[0] for e in expected)
+    for part in expected:
+        assert any(line.strip().startswith(part) for line in lines[1:]), part
+
+
+@pytest.mark.slow
+def test_ctrl_c_saves_a_checkpoint_and_says_how_to_resume(tmp_path):
+    """SIGINT mid-run: the step under way ends, a checkpoint is saved, one line says which and the command that
+    continues; that command resumes without a "missing keys" alarm about the tied output layer."""
+    output_dir = tmp_path / "run"
+    argv = [sys.executable, str(SCRIPT), "--heldout_dataset", "", "--save_strategy", "no", "--max_steps", "200",
+            "--output_dir", str(output_dir)]  # fmt: skip
+    process = subprocess.Popen(argv, cwd=tmp_path, env=ENV, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        progress = ""
+        while " 2/200 " not in progress:  # tqdm's progress line: two optimizer steps are done
+            character = process.stderr.read(1)
+            assert character, f"the run ended early:\n{progress[-3000:]}"
+            progress += character
+        process.send_signal(signal.SIGINT)
+        rest = process.communicate(timeout=600)[1]
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 130, rest[-3000:]
+    stopped = [line for line in rest.splitlines() if line.startswith("Stopped at step")]
+    assert len(stopped) == 1 and "of 200 (SIGINT)" in stopped[0], rest[-3000:]
+    step = int(stopped[0].split()[3])
+    checkpoint = output_dir / f"checkpoint-{step}"
+    assert (checkpoint / "trainer_state.json").is_file() and not (output_dir / "results.json").exists()
+    command = stopped[0].split("To continue: ")[1]
+    assert command.startswith(f"python {SCRIPT} ") and command.endswith(" --resume_from_checkpoint latest")
+    assert "Traceback" not in rest
+
+    resumed = run_command(
+        [sys.executable, *shlex.split(command)[1:], "--max_steps", str(step + 1)], timeout=600, cwd=tmp_path, env=ENV
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "There were missing keys" not in resumed.stderr and "lm_head.weight is tied" in resumed.stderr
+    assert json.loads((output_dir / "results.json").read_text())["steps"] == step + 1

@@ -20,6 +20,7 @@ from stapo_trl.evaluation import (  # noqa: E402
     PAPER_BENCHMARKS,
     PRESETS,
     SAMPLES_FILE,
+    SHIPPED_BENCHMARKS_DIR,
     BenchmarkEvalCallback,
     EvalConfig,
     Preset,
@@ -32,8 +33,7 @@ from stapo_trl.evaluation import (  # noqa: E402
 )
 
 
-MATH_EVAL_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "math_eval"
-needs_files = pytest.mark.skipif(not MATH_EVAL_DIR.is_dir(), reason=f"{MATH_EVAL_DIR} is absent")
+MATH_EVAL_DIR = SHIPPED_BENCHMARKS_DIR  # the six benchmark files the package ships
 
 RECORD_FIELDS = {
     "benchmark",
@@ -151,7 +151,6 @@ def test_seeded_sampler_samples_the_filtered_distribution_per_row():
 # --- end to end, resume, regrade, failures ---------------------------------------------------------------------
 
 
-@needs_files
 def test_end_to_end_writes_records_summary_and_table(full_run):
     output_dir, summary = full_run
     records = records_of(output_dir)
@@ -175,7 +174,6 @@ def test_end_to_end_writes_records_summary_and_table(full_run):
     assert "T = 1.0, top-p = 1.0" in table and "T = 0.7, top-p = 0.9" in table
 
 
-@needs_files
 def test_resume_after_interruption_matches_the_uninterrupted_run(full_run, model_dir, tmp_path, monkeypatch):
     full_dir, full_summary = full_run
     output_dir = tmp_path / "interrupted"
@@ -197,7 +195,6 @@ def test_resume_after_interruption_matches_the_uninterrupted_run(full_run, model
     assert generated == []
 
 
-@needs_files
 def test_regrade_recomputes_the_summary_without_generating(full_run, tmp_path, monkeypatch):
     full_dir, full_summary = full_run
     output_dir = tmp_path / "regrade"
@@ -216,7 +213,6 @@ def test_regrade_recomputes_the_summary_without_generating(full_run, tmp_path, m
     assert records_of(output_dir) == records_of(full_dir)
 
 
-@needs_files
 def test_a_failing_batch_is_recorded_and_retried_on_the_next_run(model_dir, tmp_path, monkeypatch):
     original = evaluation.TransformersBackend.generate
     failing_problem = "MATH-500-1"
@@ -245,7 +241,6 @@ def test_a_failing_batch_is_recorded_and_retried_on_the_next_run(model_dir, tmp_
     assert summary["results"]["t1.0"]["benchmarks"]["MATH500"]["complete"]
 
 
-@needs_files
 def test_a_run_refuses_to_mix_settings_in_one_directory(full_run, model_dir, tmp_path):
     output_dir = tmp_path / "mixed"
     shutil.copytree(full_run[0], output_dir)
@@ -273,7 +268,6 @@ def test_markdown_table_has_table_2_layout_for_several_models():
 # --- during training -------------------------------------------------------------------------------------------
 
 
-@needs_files
 def test_callback_logs_avg_at_k_every_n_steps(model_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from transformers.trainer_callback import CallbackHandler
@@ -314,7 +308,6 @@ def test_callback_logs_avg_at_k_every_n_steps(model_dir):
 # --- the script ------------------------------------------------------------------------------------------------
 
 
-@needs_files
 def test_script_prints_one_table_for_the_stored_runs(full_run, tmp_path, capsys):
     from stapo_trl.evaluation import cli
 

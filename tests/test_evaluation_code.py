@@ -135,7 +135,7 @@ class ScriptedBackend:
 def test_cli_evaluates_the_shipped_records_like_table_3(tmp_path, monkeypatch, capsys):
     backend = ScriptedBackend()
     monkeypatch.setattr(run_module, "make_backend", lambda *args, **kwargs: backend)
-    argv = ["--model", "Scripted=unused", "--benchmarks_dir", str(SAMPLES_DIR), "--output_dir", str(tmp_path)]
+    argv = ["--model", "Scripted=toy", "--benchmarks_dir", str(SAMPLES_DIR), "--output_dir", str(tmp_path)]
     summaries = cli.main(argv, task="code")
     result = summaries["Scripted"]["results"]["t0.7"]
     scores = {name: benchmark["score"] for name, benchmark in result["benchmarks"].items()}

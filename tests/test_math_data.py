@@ -26,7 +26,7 @@ from stapo_trl.math.data import (  # noqa: E402
 )
 
 
-MATH_EVAL = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "math_eval"
+MATH_EVAL = Path(__file__).resolve().parents[1] / "stapo_trl" / "math" / "benchmarks"  # shipped
 BENCHMARK_SIZES = {
     "AIME24": 30,
     "AIME25": 30,
@@ -35,7 +35,6 @@ BENCHMARK_SIZES = {
     "Minerva": 272,
     "Olympiad-Bench": 674,
 }
-needs_benchmarks = pytest.mark.skipif(not MATH_EVAL.is_dir(), reason=f"benchmark files not found at {MATH_EVAL}")
 
 # DAPO-Math-17K's own wrapper, exactly as in the Hub copy.
 DAPO_PREFIX = (
@@ -445,7 +444,6 @@ def test_a_file_that_is_not_utf8_names_the_file(tmp_path):
 # The shared benchmark files
 
 
-@needs_benchmarks
 @pytest.mark.parametrize(("name", "size"), sorted(BENCHMARK_SIZES.items()))
 def test_benchmark_files_load_completely(name, size):
     dataset = load_verl_parquet(MATH_EVAL / f"{name}.parquet")
@@ -458,14 +456,12 @@ def test_benchmark_files_load_completely(name, size):
         assert prompt == math_prompt(problem)
 
 
-@needs_benchmarks
 def test_aime24_golds_are_bare_integers():
     solutions = load_verl_parquet(MATH_EVAL / "AIME24.parquet")["solution"]
     assert solutions[0] == "204"
     assert all(solution.isdigit() for solution in solutions)
 
 
-@needs_benchmarks
 def test_benchmark_directory_loads_as_one_dataset():
     dataset = load_verl_parquet(MATH_EVAL)
     assert len(dataset) == sum(BENCHMARK_SIZES.values())

@@ -36,7 +36,7 @@ from stapo_trl.math.reward import (  # noqa: E402
 
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-MATH_EVAL_DIR = REPO_ROOT / ".." / "shared" / "data" / "math_eval"  # the six benchmarks' veRL parquet files
+MATH_EVAL_DIR = REPO_ROOT / "stapo_trl" / "math" / "benchmarks"  # the six shipped benchmark files
 
 # (gold, answer) pairs that keep sympy busy for minutes (measured: over 40 s each without a time limit).
 SLOW_TO_VERIFY = [
@@ -369,7 +369,6 @@ def test_large_but_reasonable_answers_are_not_refused(answer):
     assert not rewards._writes_too_large_an_integer(answer)
 
 
-@pytest.mark.skipif(not MATH_EVAL_DIR.is_dir(), reason=f"{MATH_EVAL_DIR} is absent")
 def test_no_benchmark_gold_would_be_refused_as_an_answer():
     for path in sorted(MATH_EVAL_DIR.glob("*.parquet")):
         for row in pq.read_table(path, columns=["reward_model"])["reward_model"].to_pylist():
@@ -662,7 +661,6 @@ UNPARSEABLE_GOLDS = {
 }
 
 
-@pytest.mark.skipif(not MATH_EVAL_DIR.is_dir(), reason=f"{MATH_EVAL_DIR} is absent")
 def test_every_benchmark_gold_accepts_itself_and_rejects_a_wrong_number():
     golds_by_file = {}
     for path in sorted(MATH_EVAL_DIR.glob("*.parquet")):

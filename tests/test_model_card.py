@@ -24,7 +24,8 @@ def test_card_of_a_local_model_with_an_evaluation(trainer):
     trainer.create_model_card(dataset_name="toy")
     card = (output_dir / "README.md").read_text()
     assert "huggingface.co/None" not in card and "[None]" not in card
-    assert f"trained from a local checkpoint (`{toy_checkpoint()}`)" in card
+    assert "trained from a local checkpoint (`toy/checkpoint`)" in card
+    assert str(Path(toy_checkpoint()).parent) not in card  # no absolute path of this machine goes to the Hub
     assert "huggingface.co/datasets/toy" not in card and "on `toy`" in card
     assert "Method: **stapo**" in card
     for row in ("| spurious_mask_mode | `low_entropy` |", "| τ_p (spurious_prob_threshold) | `0.01` |",
@@ -34,6 +35,7 @@ def test_card_of_a_local_model_with_an_evaluation(trainer):
         assert f"| spurious_mask_scope | `{trainer.args.spurious_mask_scope}` |" in card
     assert "From `eval/summary.md`:" in card and table in card
     assert "@article{stapo2026" in card
+    assert r'answer within \\boxed{}."' in card  # the quick start's prompt is valid Python: \\ in a string is \
 
 
 def test_card_links_a_hub_base_model(trainer):

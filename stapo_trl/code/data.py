@@ -27,6 +27,7 @@ import datasets
 from datasets import Dataset
 
 from stapo_trl.code.reward import parse_tests
+from stapo_trl.data_source import LOCAL_SUFFIXES, is_hub_id, local_files, read_hub, read_local
 
 
 logger = logging.getLogger(__name__)
@@ -37,7 +38,6 @@ EURUS_RL_DATA_HUB_ID = "PRIME-RL/Eurus-2-RL-Data"
 #: for the offline demo and the tests.
 SAMPLE_FILE = Path(__file__).resolve().parent / "samples" / "eurus_code.jsonl"
 
-LOCAL_SUFFIXES = {".parquet": "parquet", ".jsonl": "json", ".json": "json"}
 TESTS_FIELD = "reward_model.ground_truth"
 _DROP_HINT = "pass drop_invalid=True to drop such rows"
 
@@ -170,36 +170,9 @@ def _with_rows(dataset: Dataset) -> Dataset:
 
 
 def _sources(source, split: str) -> list[tuple[str, Dataset]]:
-    """(label, dataset) per local file, or the one Hub split."""
+    """(label, dataset) per local file, or the one Hub split (`stapo_trl.data_source`)."""
     sources = [source] if isinstance(source, (str, os.PathLike)) else list(source)
-    files = []
-    for item in sources:
-        path = Path(item).expanduser()
-        if path.is_dir():
-            found = sorted(file for file in path.rglob("*") if file.suffix in LOCAL_SUFFIXES)
-            if not found:
-                raise FileNotFoundError(f"{path}: no {'/'.join(LOCAL_SUFFIXES)} files in this directory")
-            files += found
-        elif path.is_file():
-            if path.suffix not in LOCAL_SUFFIXES:
-                raise ValueError(f"{path}: unsupported file type; expected one of {sorted(LOCAL_SUFFIXES)}")
-            files.append(path)
-        elif len(sources) == 1 and not path.suffix and str(item).count("/") == 1:
-            return [(f"{item} ({split})", _load_hub(str(item), split))]
-        else:
-            raise FileNotFoundError(f"{item}: no such file or directory")
-    return [
-        (str(file), datasets.load_dataset(LOCAL_SUFFIXES[file.suffix], data_files=str(file), split="train"))
-        for file in files
-    ]
-
-
-def _load_hub(hub_id: str, split: str) -> Dataset:
-    try:
-        return datasets.load_dataset(hub_id, split=split)
-    except Exception as error:  # offline, unknown id, wrong split: one message that says what to check
-        raise OSError(
-            f"'{hub_id}' is not a local file or directory, and loading it from the Hugging Face Hub (split "
-            f"{split!r}) failed: {type(error).__name__}: {error}. Pass a local path, or check the id, the split and "
-            "the network (HF_HUB_OFFLINE)."
-        ) from error
+    if len(sources) == 1 and is_hub_id(sources[0]):
+        return [(f"{sources[0]} ({split})", read_hub(str(sources[0]), split))]
+    files = [file for item in sources for file in local_files(item, LOCAL_SUFFIXES)]  # every path checked first
+    return [(str(file), read_local(file)) for file in files]

@@ -48,6 +48,7 @@ class SpuriousTokenTracer:
         self.directory = os.path.join(output_dir, TRACE_DIRNAME)
         os.makedirs(self.directory, exist_ok=True)
         self.path = os.path.join(self.directory, f"rank-{process_index}.jsonl")
+        open(self.path, "a").close()  # from the start: a run that traced nothing has an empty trace, not none
         self.rank = process_index
         self.tokenizer = tokenizer
         self.temperature = temperature

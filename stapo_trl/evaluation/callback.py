@@ -11,8 +11,9 @@ from typing import Any
 from transformers import TrainerCallback
 
 from .benchmarks import Benchmark
-from .generation import Preset, generate_seeded, parse_preset, sample_seed
+from .generation import generate_seeded, sample_seed
 from .grading import grade_rules
+from .presets import Preset, parse_preset
 from .tasks import get_task
 
 

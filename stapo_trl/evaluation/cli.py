@@ -9,10 +9,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 from pathlib import Path
 
-from .generation import BACKENDS, PRESETS
+from ..cli import UsageError, check_hub_repo, check_model_source
+from .generation import BACKENDS
 from .grading import DEFAULT_VERIFIER, KEEP, VerifierConfig
+from .presets import PRESETS
 from .run import EvalConfig, evaluate, model_display_name, model_output_dir, regrade
 from .summary import markdown_table
 from .tasks import get_task
@@ -37,7 +40,12 @@ def parse_args(argv=None, task: str = "math", description: str | None = None) ->
         "--benchmarks_dir",
         default=None,
         help="Directory of benchmark files named as in the registry. Default: "
-        + ("the six files shipped with the package." if defaults.shipped_dir else "each benchmark's public source."),
+        + (
+            "the six files shipped with the package."
+            if defaults.shipped_dir
+            else "none: the code benchmarks are local files (docs/evaluation.md says where to get them), so give "
+            "this directory or NAME=PATH for each benchmark."
+        ),
     )
     parser.add_argument(
         "--benchmarks",
@@ -134,15 +142,9 @@ def _verifier(args) -> VerifierConfig | str | None:
     return config
 
 
-def main(argv=None, task: str = "math", description: str | None = None) -> dict:
-    args = parse_args(argv, task, description)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    vllm_kwargs = {
-        key: getattr(args, key)
-        for key in ("tensor_parallel_size", "gpu_memory_utilization", "max_model_len")
-        if getattr(args, key) is not None
-    }
-    verifier = _verifier(args)  # checked before any model is loaded
+def _models(args) -> list[tuple[str, str, Path]]:
+    """(row name, model path or Hub id, its directory in --output_dir) of each --model, each checked to be loadable
+    now (a local model, or a Hub id in the cache or reachable), so that a wrong one fails before anything is run."""
     models = []
     for spec in args.model:
         name, _, path = spec.rpartition("=") if "=" in spec else ("", "", spec)
@@ -150,8 +152,49 @@ def main(argv=None, task: str = "math", description: str | None = None) -> dict:
             from ..toy import toy_checkpoint
 
             path, name = toy_checkpoint(), name or TOY
+        elif not args.regrade:
+            check_model_source(path, flag="--model")
         name = name or model_display_name(path)
         models.append((name, path, model_output_dir(args.output_dir, name)))
+    return models
+
+
+def _check_benchmark_sources(args) -> None:
+    """Each benchmark's source exists: a local file, or a Hub dataset in the cache or reachable."""
+    task = get_task(args.task)
+    for spec in args.benchmarks or task.benchmarks:
+        benchmark = task.parse_benchmark(spec)
+        if task.shipped_dir is None and args.benchmarks_dir is None and benchmark.source is None:
+            files = ", ".join(b.file for b in task.benchmarks.values() if b.file)
+            raise UsageError(
+                f"--benchmarks_dir: the {task.name} benchmarks are read from local files (docs/evaluation.md says "
+                f"where to get them): pass the directory holding {files}, or NAME=PATH for each of --benchmarks."
+            )
+        source = task.source(benchmark, args.benchmarks_dir)
+        if Path(source).expanduser().exists():
+            continue
+        if task.shipped_dir is None:  # the code benchmarks are read from local files only
+            raise UsageError(f"--benchmarks {benchmark.name}: no file {source}.")
+        check_hub_repo(source, "dataset", f"--benchmarks {benchmark.name}")
+
+
+def main(argv=None, task: str = "math", description: str | None = None) -> dict:
+    """Evaluate every --model and print the table. A wrong model, benchmark, verifier or output name raises
+    `UsageError` (a `ValueError`) before any model is loaded or anything is written."""
+    args = parse_args(argv, task, description)
+    try:
+        verifier = _verifier(args)
+        models = _models(args)
+        if not args.regrade:
+            _check_benchmark_sources(args)
+    except (ValueError, FileNotFoundError) as error:
+        raise UsageError(str(error)) from None
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    vllm_kwargs = {
+        key: getattr(args, key)
+        for key in ("tensor_parallel_size", "gpu_memory_utilization", "max_model_len")
+        if getattr(args, key) is not None
+    }
     summaries = {}
     for name, path, model_dir in models:
         if args.regrade:
@@ -184,3 +227,12 @@ def main(argv=None, task: str = "math", description: str | None = None) -> dict:
     Path(args.output_dir, "table.json").write_text(json.dumps(summaries, indent=2, ensure_ascii=False))
     print(table)
     return summaries
+
+
+def run(task: str, description: str | None = None) -> None:
+    """The evaluation scripts' entry point: `main`, with a `UsageError` printed as one line (status 2)."""
+    try:
+        main(task=task, description=description)
+    except UsageError as error:
+        print(f"{Path(sys.argv[0]).name}: error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None

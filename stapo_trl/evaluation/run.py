@@ -24,8 +24,9 @@ from typing import Any
 import torch
 
 from .benchmarks import Benchmark
-from .generation import Generation, Preset, make_backend, parse_preset, sample_seed
+from .generation import Generation, make_backend, sample_seed
 from .grading import KEEP, VerifierConfig, apply_verifier, grade_rules
+from .presets import Preset, parse_preset
 from .store import (
     SAMPLES_FILE,
     append_records,

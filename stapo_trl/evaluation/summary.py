@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .generation import Preset
+from .presets import Preset
 from .store import (
     SAMPLES_FILE,
     SUMMARY_JSON,

@@ -25,7 +25,7 @@ class Task:
         name: ``"math"`` or ``"code"``; stored in ``run.json``.
         benchmarks: the registry, in the column order of the paper's table; ``Avg`` is over all of them.
         table: the paper's table the summary is laid out like (``"Table 2"``).
-        presets: the default decodings (`generation.PRESETS` names).
+        presets: the default decodings (`presets.PRESETS` names).
         max_new_tokens: the default generation limit.
         gold_column: the column of the problems dataset that holds what an answer is graded against.
         store_gold: whether each sample record keeps its gold (math answers are short; code tests are not: the

@@ -27,7 +27,6 @@ strings to keep them as written.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -35,16 +34,15 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
-from pathlib import Path
 from typing import Any
 
-import datasets
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 from datasets import Dataset
 
+from ..data_source import LOCAL_SUFFIXES, is_hub_id, local_files, read_hub, read_local
 from .reward import extract_boxed_answer
 
 
@@ -60,9 +58,7 @@ DAPO_MATH_HUB_ID = "BytedTsinghua-SIA/DAPO-Math-17k"
 DAPO_PREFIX_MARKER = "Solve the following math problem"
 DAPO_SUFFIX_MARKER = "\n\nRemember to put your answer"
 
-LOCAL_SUFFIXES = (".parquet", ".jsonl", ".json")
 
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _BOX_COMMAND = re.compile(r"\\(?=boxed|fbox)")
 _DROP_HINT = "pass drop_invalid=True to drop such rows"
 _COLUMNS = ["prompt", "solution", "problem", "data_source", "id"]
@@ -251,10 +247,10 @@ def _load(
     """
     readers: list[tuple[str, str, Callable[[], Dataset]]] = []  # (label, default data source, read)
     for source in sources:
-        if allow_hub and _is_hub_id(source):
-            readers.append((f"{source} (split {split!r})", str(source), partial(_read_hub, str(source), split)))
+        if allow_hub and is_hub_id(source):
+            readers.append((f"{source} (split {split!r})", str(source), partial(read_hub, str(source), split)))
         else:
-            readers += [(str(file), file.stem, partial(_read_local, file)) for file in _local_files(source, suffixes)]
+            readers += [(str(file), file.stem, partial(read_local, file)) for file in local_files(source, suffixes)]
     rows = pd.concat(
         [_rows(read(), label, layout, default, drop_invalid, deduplicate) for label, default, read in readers],
         ignore_index=True,
@@ -279,78 +275,6 @@ def _load(
         raise ValueError(f"{sources_label}: no usable rows (dropped {invalid_count} invalid row(s))")
     rows = rows.assign(prompt=rows["problem"].map(math_prompt))
     return Dataset.from_pandas(rows[_COLUMNS], preserve_index=False)
-
-
-def _is_hub_id(source: str | os.PathLike) -> bool:
-    """A source is a Hub id when no such local path exists and it looks like ``owner/name`` (no file suffix)."""
-    if os.path.exists(source) or not isinstance(source, str):
-        return False
-    return bool(_HUB_ID.match(source)) and not source.lower().endswith(LOCAL_SUFFIXES)
-
-
-def _local_files(path: str | os.PathLike, suffixes: tuple[str, ...]) -> list[Path]:
-    """Return the data files at `path` (a file, or a directory searched recursively), checking they exist."""
-    path = Path(path).expanduser()
-    if not path.exists():
-        raise FileNotFoundError(f"no such file or directory: '{path}'")
-    if path.is_dir():
-        files = sorted(
-            file
-            for file in path.rglob("*")
-            if file.is_file()
-            and file.name.lower().endswith(suffixes)
-            and not any(part.startswith(".") for part in file.relative_to(path).parts)
-        )
-        if not files:
-            raise FileNotFoundError(f"no {' / '.join(suffixes)} files under the directory '{path}'")
-        return files
-    if not path.name.lower().endswith(suffixes):
-        raise ValueError(f"'{path}': unsupported file type; expected one of {', '.join(suffixes)}")
-    return [path]
-
-
-def _read_local(file: Path) -> Dataset:
-    """Read one parquet, JSON-lines or JSON file (a list of records, or ``{"<name>": [records]}``)."""
-    builder = "parquet" if file.suffix.lower() == ".parquet" else "json"
-    try:
-        dataset = datasets.load_dataset(builder, data_files=str(file), split="train")
-        if builder == "json" and dataset.num_rows == 1 and len(dataset.column_names) == 1:
-            (name,) = dataset.column_names
-            if isinstance(dataset[0][name], list):  # {"data": [...]}: the records are in that field
-                dataset = datasets.load_dataset("json", data_files=str(file), field=name, split="train")
-        if builder == "json":
-            dataset.data.validate(full=True)  # Arrow reads JSON text without checking that it is UTF-8
-    except (UnicodeDecodeError, pa.ArrowInvalid) as error:
-        raise ValueError(f"'{file}': not UTF-8 text ({error}); save the file as UTF-8") from None
-    except datasets.exceptions.DatasetGenerationError as error:
-        raise ValueError(f"'{file}': {_json_problem(file) or error.__cause__ or error}") from None
-    return dataset
-
-
-def _json_problem(file: Path) -> str | None:
-    """The first line of a JSON-lines file that is not valid JSON, described (None when every line parses)."""
-    if file.suffix.lower() == ".parquet":
-        return None
-    with open(file, encoding="utf-8") as lines:
-        for number, line in enumerate(lines, start=1):
-            try:
-                if line.strip():
-                    json.loads(line)
-            except json.JSONDecodeError as error:
-                return f"line {number} is not valid JSON: {error}"
-    return None
-
-
-def _read_hub(hub_id: str, split: str) -> Dataset:
-    """Load one split of a Hub dataset."""
-    try:
-        return datasets.load_dataset(hub_id, split=split)
-    except Exception as error:
-        raise OSError(
-            f"'{hub_id}' is not a local file or directory, and loading it as a Hugging Face Hub dataset "
-            f"(split {split!r}) failed: {type(error).__name__}: {error}. Pass a local path, or check the id, the "
-            "split and the network (HF_HUB_OFFLINE)."
-        ) from error
 
 
 # --------------------------------------------------------------------------------------------------------------
