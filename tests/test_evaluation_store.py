@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from stapo_trl.evaluation import RUN_FILE, SAMPLES_FILE, EvalConfig, evaluate, summarize
-from stapo_trl.evaluation.generation import Preset
+from stapo_trl.evaluation.presets import Preset
 from stapo_trl.evaluation.store import check_resumable, finished_samples, read_run, read_samples, write_run
 
 

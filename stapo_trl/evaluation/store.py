@@ -21,11 +21,9 @@ import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-
-if TYPE_CHECKING:
-    from .generation import Preset
+from .presets import Preset
 
 
 logger = logging.getLogger(__name__)
