@@ -4,6 +4,7 @@ import os
 import shutil
 import textwrap
 import time
+from contextlib import nullcontext
 
 import torch
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
@@ -12,6 +13,7 @@ from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import get_config_model_id, nanmax, nanmin
 
 from .config import STAPOConfig
+from .diagnostics.quadrants import StepDiagnostics
 from .diagnostics.trace import SpuriousTokenTracer
 from .model_card import model_card
 from .output_dir import describe_save_failure
@@ -123,6 +125,17 @@ class STAPOTrainer(GRPOTrainer):
                 context_tokens=args.spurious_trace_context_tokens,
                 top_k=args.spurious_trace_top_k,
             )
+        multi_process = self.accelerator.num_processes > 1
+        self._step_diagnostics = StepDiagnostics(
+            mechanism=args.spurious_mechanism_metrics,
+            prob_threshold=args.spurious_prob_threshold,
+            entropy_quantile=args.spurious_entropy_quantile,
+            epsilon_low=self.epsilon_low,
+            epsilon_high=self.epsilon_high,
+            temperature=self.temperature,
+            gather=self._gather_entropies if multi_process else None,
+            reduce=(lambda tensor: self.accelerator.reduce(tensor, reduction="sum")) if multi_process else None,
+        )
 
     def _gather_entropies(self, entropies: torch.Tensor) -> torch.Tensor:
         """All-gather a variable-length 1-D tensor of entropies (>= 0) from every process."""
@@ -289,9 +302,12 @@ class STAPOTrainer(GRPOTrainer):
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
                                            compute_entropy=False, **kwargs):  # fmt: skip
         capture = self._captured_forwards is not None and model is self.model and not compute_entropy
-        logps, entropies, aux_loss = super()._get_per_token_logps_and_entropies(
-            model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy or capture, **kwargs
-        )
+        # The loss's forward (the one with a graph) keeps its final hidden states for the mechanism metrics.
+        diagnose = self._step_diagnostics.mechanism and torch.is_grad_enabled() and self.model.training
+        with self._step_diagnostics.capture(self.accelerator.unwrap_model(model)) if diagnose else nullcontext():
+            logps, entropies, aux_loss = super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy or capture, **kwargs
+            )
         if capture:
             self._captured_forwards.append((logps, entropies))
             entropies = None
@@ -350,6 +366,8 @@ class STAPOTrainer(GRPOTrainer):
 
         # Token-level importance sampling only (STAPOConfig refuses the sequence level)
         coef_1 = torch.exp(per_token_logps - old_per_token_logps)
+        if self.model.training:
+            self._record_step_diagnostics(inputs, per_token_logps, entropies, advantages, silenced, coef_1)
 
         if self.beta != 0.0:
             ref_per_token_logps = inputs["ref_per_token_logps"]
@@ -415,6 +433,17 @@ class STAPOTrainer(GRPOTrainer):
         gathered_high_clip = self.accelerator.gather(masked_seq_mean(is_high_clipped.float()))
         self._metrics[mode]["clip_ratio/high_max"].append(nanmax(gathered_high_clip).item())
         return loss
+
+    def _record_step_diagnostics(self, inputs, per_token_logps, entropies, advantages, silenced, ratio):
+        """Table 1 of the step and the vLLM log-prob gap (`stapo_trl.diagnostics.quadrants`), logged at its end."""
+        old_per_token_logps = inputs.get("old_per_token_logps")
+        step_metrics = self._step_diagnostics.record(
+            inputs, per_token_logps, entropies, advantages, _loss_mask(inputs), silenced, ratio,
+            per_token_logps if old_per_token_logps is None else old_per_token_logps,
+            last_of_step=(self._step + 1) % self.current_gradient_accumulation_steps == 0,
+        )  # fmt: skip
+        for name, value in (step_metrics or {}).items():
+            self._metrics["train"][name].append(value)
 
     # --- Saving: the model card with the S2T settings, and checkpoints that are complete or absent ---
 
