@@ -60,6 +60,7 @@ def run_one(method, seed, args, deadline):
         "--seed", str(seed), "--max_steps", str(args.max_steps), "--output_dir", str(output_dir),
         "--save_strategy", "no", "--logging_steps", "10", "--disable_tqdm", "true",
         "--overwrite_output_dir", "true",  # the folder holds train.log; an unfinished run starts over
+        "--spurious_mechanism_metrics", "true",  # the paper's Table 1, logged for every method
         *[a for a in args.extra if a != "--"],
     ]  # fmt: skip
     environment = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")

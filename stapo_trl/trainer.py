@@ -113,6 +113,7 @@ class STAPOTrainer(GRPOTrainer):
         self._captured_forwards = None  # (log-probs, entropies) of TRL's no-grad forwards during a generation
         self._old_forward_step = None  # global step at which TRL's old-log-prob forward last ran
         self._step_inputs = None  # the micro-batches of the current optimizer step, with the step's S2T decision
+        self._micro_batch_decisions = []  # scope "micro_batch": the step's decisions so far, logged at its end
         self._tracer = None
         if args.spurious_trace:
             self._tracer = SpuriousTokenTracer(
@@ -193,13 +194,19 @@ class STAPOTrainer(GRPOTrainer):
         host = torch.cat([totals, entropy_threshold.reshape(1).float(), quantiles]).tolist()
         (num_loss_, num_candidates_, num_silenced_, threshold_), quantiles_ = host[:4], host[4:]
         metrics = self._metrics[mode]
-        metrics["spurious/silenced_ratio"].append(num_silenced_ / max(num_loss_, 1.0))
-        metrics["spurious/candidate_ratio"].append(num_candidates_ / max(num_loss_, 1.0))
-        metrics["spurious/silenced_count"].append(num_silenced_)
-        metrics["spurious/entropy_threshold"].append(threshold_)
         for name, quantile in zip(ENTROPY_QUANTILES, quantiles_, strict=True):
             metrics[f"entropy/{name}"].append(quantile)
         metrics["spurious/mask_time_ms"].append(timer.milliseconds())
+        decision = (num_loss_, num_candidates_, num_silenced_, threshold_)
+        if not pooled and mode == "train" and self.current_gradient_accumulation_steps > 1:
+            # Scope "micro_batch": several decisions per optimizer step, logged once per step with the step's totals
+            # (a mean over micro-batches would log 13 silenced tokens as 3.25); the step has no single threshold.
+            self._micro_batch_decisions.append(decision)
+            if (self._step + 1) % self.current_gradient_accumulation_steps == 0:
+                self._log_decision(metrics, self._micro_batch_decisions)
+                self._micro_batch_decisions = []
+        else:
+            self._log_decision(metrics, [decision])
         if self._tracer is not None and mode == "train":  # step: the optimizer step being built, as in the logs
             for index in range(len(inputs)):
                 self._tracer.record(
@@ -208,6 +215,22 @@ class STAPOTrainer(GRPOTrainer):
                     silenced[index], candidates[index], entropy_threshold,
                 )  # fmt: skip
         return (silenced if pooled else silenced[0]), keep_ratio
+
+    @staticmethod
+    def _log_decision(metrics, decisions):
+        """Log the S2T counts of one optimizer step from its decisions, each (loss tokens, candidates, silenced, τ_h):
+        one decision over the step, or one per micro-batch (scope "micro_batch"), whose thresholds are averaged under
+        their own name."""
+        num_loss, num_candidates, num_silenced = (sum(decision[i] for decision in decisions) for i in range(3))
+        metrics["spurious/silenced_ratio"].append(num_silenced / max(num_loss, 1.0))
+        metrics["spurious/candidate_ratio"].append(num_candidates / max(num_loss, 1.0))
+        metrics["spurious/silenced_count"].append(num_silenced)
+        if len(decisions) == 1:
+            metrics["spurious/entropy_threshold"].append(decisions[0][3])
+        else:
+            thresholds = [decision[3] for decision in decisions if decision[3] == decision[3]]  # NaN: no candidate
+            mean = sum(thresholds) / len(thresholds) if thresholds else float("nan")
+            metrics["spurious/entropy_threshold_micro_batch_mean"].append(mean)
 
     # --- S2T per optimizer step (spurious_mask_scope="step") ---
     # Transformers' loop calls `_prepare_inputs` once per micro-batch, in order, before that micro-batch's forward;
