@@ -18,16 +18,11 @@ H = -Σ_n π_n ln π_n and its collision probability C = Σ_n π_n². For the sa
 
 C and Σ π² ln π need the whole next-token distribution, which TRL's fused LM head never materializes:
 `logit_statistics` recomputes them from the final hidden states, a vocabulary-wide reduction with no graph.
-`quadrant_sums` splits tokens into the four quadrants of Table 1. Pure torch, no trainer state.
+`quadrant_sums` splits tokens into the four quadrants of Table 1 (named in `stapo_trl.diagnostics.metrics`). Pure
+torch, no trainer state.
 """
 
 import torch
-
-
-# Table 1's quadrants: probability below / above τ_p × entropy below / above τ_h.
-QUADRANTS = ("low_prob_low_entropy", "low_prob_high_entropy", "high_prob_low_entropy", "high_prob_high_entropy")
-# Per group of tokens, summed by `quadrant_sums`: token count, logit-gradient norm, first-order entropy change.
-SUMS = ("tokens", "grad_norm", "entropy_change")
 
 
 def logit_statistics(
@@ -94,8 +89,9 @@ def quadrant_sums(
 ) -> torch.Tensor:
     """Sums over groups of tokens (1-D tensors, one entry per token): a (6, 3) tensor.
 
-    Rows: the four `QUADRANTS` (probability < τ_p or not × entropy < τ_h or not), the silenced tokens, all tokens.
-    Columns: `SUMS`. With a NaN τ_h every entropy comparison is False: every token counts as high-entropy.
+    Rows: the four quadrants (P < τ_p & H < τ_h, P < τ_p & H ≥ τ_h, P ≥ τ_p & H < τ_h, P ≥ τ_p & H ≥ τ_h), the
+    silenced tokens, all tokens. Columns: token count, summed gradient norm, summed entropy change. With a NaN τ_h
+    every entropy comparison is False: every token counts as high-entropy.
     """
     low_prob = probabilities < prob_threshold
     low_entropy = entropies < entropy_threshold
@@ -111,18 +107,3 @@ def quadrant_sums(
     ).float()
     values = torch.stack([torch.ones_like(grad_norms), grad_norms, entropy_changes], dim=1).float()
     return groups @ values
-
-
-def quadrant_table(sums: torch.Tensor) -> dict[str, dict[str, float]]:
-    """Table 1 from `quadrant_sums` (any sum of them): per group, its share of the tokens, its share of the summed
-    logit-gradient norm, and its mean first-order entropy change per token (NaN for an empty group)."""
-    sums = sums.double().tolist()
-    total_tokens, total_norm, _ = sums[-1]
-    table = {}
-    for name, (tokens, norm, entropy_change) in zip((*QUADRANTS, "silenced"), sums[:-1], strict=True):
-        table[name] = {
-            "token_share": tokens / total_tokens if total_tokens else float("nan"),
-            "grad_norm_share": norm / total_norm if total_norm else float("nan"),
-            "entropy_change": entropy_change / tokens if tokens else float("nan"),
-        }
-    return table

@@ -5,13 +5,13 @@ import math
 import pytest
 import torch
 
+from stapo_trl.diagnostics.metrics import GROUPS
+from stapo_trl.diagnostics.quadrants import quadrant_table
 from stapo_trl.mechanism import (
-    QUADRANTS,
     first_order_entropy_change,
     logit_gradient_norm,
     logit_statistics,
     quadrant_sums,
-    quadrant_table,
     surrogate_weight,
 )
 
@@ -111,7 +111,7 @@ def test_quadrant_sums_and_table_by_hand():
     expected = [[2, 6.0, 0.8], [1, 1.0, 0.1], [2, 2.0, -0.3], [1, 1.0, 0.0], [2, 6.0, 0.8], [6, 10.0, 0.6]]
     torch.testing.assert_close(sums, torch.tensor(expected))
     table = quadrant_table(sums)
-    assert list(table) == [*QUADRANTS, "silenced"]
+    assert list(table) == list(GROUPS)
     assert table["low_prob_low_entropy"] == pytest.approx(
         {"token_share": 2 / 6, "grad_norm_share": 0.6, "entropy_change": 0.4}
     )

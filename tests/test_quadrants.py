@@ -9,7 +9,7 @@ from eq6 import clipped_surrogate, s2t_silenced
 from test_trainer import TEST_TAU_P, make_inputs, split_rows
 
 from stapo_trl import STAPOTrainer
-from stapo_trl.mechanism import QUADRANTS
+from stapo_trl.diagnostics.metrics import QUADRANTS
 from stapo_trl.toy.model import tiny_qwen3
 
 

@@ -9,7 +9,7 @@ candidates' entropies, as S2T takes it, whatever the mask mode), and for the tok
     mechanism/<group>/entropy_change    its mean first-order entropy change per unit step (`stapo_trl.mechanism`)
     mechanism/entropy_threshold         the τ_h that split them
 
-with <group> one of `stapo_trl.mechanism.QUADRANTS` or `silenced`. w is the weight of the clipped surrogate (and of
+with <group> one of `stapo_trl.diagnostics.metrics.GROUPS`: the four quadrants and `silenced`. w is the weight of the clipped surrogate (and of
 vLLM's importance-sampling correction when it is on), before any token mask, so a token gets the same figures in
 every method and the silenced group's share is what silencing took out. The loss normalizer, the same for every
 token of the step under the DAPO loss, is left out. The quadrant rows are NaN at a step without candidates (no τ_h).
@@ -30,20 +30,34 @@ from contextlib import contextmanager
 import torch
 
 from ..mechanism import (
-    QUADRANTS,
     first_order_entropy_change,
     logit_gradient_norm,
     logit_statistics,
     quadrant_sums,
-    quadrant_table,
     surrogate_weight,
 )
 from ..s2t import masked_quantile
+from .metrics import COLUMNS, GROUPS, MECHANISM_PREFIX, QUADRANTS
 
 
-METRIC_PREFIX = "mechanism/"
 GAP_PREFIX = "sampling/logp_gap/"
 GAP_GROUPS = ("all", "candidates", "silenced")
+
+
+def quadrant_table(sums: torch.Tensor) -> dict[str, dict[str, float]]:
+    """Table 1 from `quadrant_sums` (or a sum of them): per group, its share of the tokens, its share of the summed
+    logit-gradient norm, and its mean first-order entropy change per token (NaN for an empty group)."""
+    sums = sums.double().tolist()
+    total_tokens, total_norm, _ = sums[-1]
+    table = {}
+    for group, (tokens, norm, entropy_change) in zip(GROUPS, sums[:-1], strict=True):
+        values = (
+            tokens / total_tokens if total_tokens else float("nan"),
+            norm / total_norm if total_norm else float("nan"),
+            entropy_change / tokens if tokens else float("nan"),
+        )
+        table[group] = dict(zip(COLUMNS, values, strict=True))
+    return table
 
 
 class StepDiagnostics:
@@ -151,9 +165,9 @@ class StepDiagnostics:
         if self.reduce is not None:
             sums = self.reduce(sums)
         threshold = float(threshold)
-        metrics = {f"{METRIC_PREFIX}entropy_threshold": threshold}
+        metrics = {f"{MECHANISM_PREFIX}entropy_threshold": threshold}
         for group, row in quadrant_table(sums).items():
             undefined = group in QUADRANTS and threshold != threshold  # no candidate anywhere: no τ_h
             for name, value in row.items():
-                metrics[f"{METRIC_PREFIX}{group}/{name}"] = float("nan") if undefined else value
+                metrics[f"{MECHANISM_PREFIX}{group}/{name}"] = float("nan") if undefined else value
         return metrics

@@ -3,6 +3,7 @@
     stapo-report RUN_DIR [--format html|md] [--output PATH] [--max_cases N] [--word_clouds] [--plots]
     stapo-report plots RUN [RUN ...] --output DIR      # RUN: a run directory or NAME=RUN_DIR
     stapo-report word_clouds RUN_DIR --output DIR
+    stapo-report mechanism RUN [RUN ...] --output PAGE.md|PAGE.html  # Table 1 of runs logged with mechanism metrics
 
     from stapo_trl.diagnostics.report import render_html, write_report
     from stapo_trl.diagnostics.trace import load_trace
@@ -46,7 +47,7 @@ SORTS = ("probability", "step")
 FORMATS = ("html", "md")
 REPORT_NAME = "spurious_report"
 LOG_RATIO_KEY = "spurious/silenced_ratio"
-COMMANDS = ("report", "plots", "word_clouds")
+COMMANDS = ("report", "plots", "word_clouds", "mechanism")
 
 EXPLANATION = (
     "P: the policy's probability of the sampled token (at the sampling temperature). Adv.: the advantage of its "
@@ -531,7 +532,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="See the spurious tokens of STAPO runs: trace reports, word clouds and training curves.",
         epilog="Without a subcommand, the arguments are those of `report`.",
     )
-    commands = parser.add_subparsers(dest="command", metavar="{report,plots,word_clouds}")
+    commands = parser.add_subparsers(dest="command", metavar="{report,plots,word_clouds,mechanism}")
 
     report = commands.add_parser(
         "report", help="render a run's spurious-token trace as an HTML or Markdown page (the default command)",
@@ -566,6 +567,17 @@ def build_parser() -> argparse.ArgumentParser:
     clouds.add_argument("run_dir", help="the run's output directory (or its spurious_trace/ folder, or a trace file)")
     _add(clouds, "output", default=None, help="folder for the PNG files (default: <RUN_DIR>/word_clouds)")
     _add(clouds, "random_state", type=int, default=0, help="layout seed (default: 0)")
+
+    mechanism = commands.add_parser(
+        "mechanism", help="the paper's Table 1 and a Fig. 2(c)-style picture of one or several runs, side by side",
+        description="Tabulate the mechanism/* metrics (logged with spurious_mechanism_metrics=True): the "
+        "positive-advantage tokens in four probability x entropy quadrants and the silenced ones, with their token "
+        "share, gradient-norm share and mean first-order entropy change; and draw the quadrants as a picture.",
+    )  # fmt: skip
+    mechanism.add_argument("runs", nargs="+", metavar="RUN", help="a run directory, or NAME=RUN_DIR")
+    _add(mechanism, "output", required=True, help="the page: a .md or .html file (the picture goes beside it)")
+    _add(mechanism, "format", choices=("md", "html"), default=None, help="default: from --output's suffix, else md")
+    _add(mechanism, "no_figure", action="store_true", help="the table only, without the picture (no matplotlib)")
     return parser
 
 
@@ -596,7 +608,7 @@ def _run(args) -> list:
                 top_tokens=args.top_tokens, word_clouds=args.word_clouds, plots=args.plots, title=args.title,
             )
         ]  # fmt: skip
-    if args.command == "plots":
+    if args.command in ("plots", "mechanism"):
         from .plots import plot_runs, run_names
 
         named = [_named_run(run) for run in args.runs]
@@ -604,6 +616,10 @@ def _run(args) -> list:
         runs, unnamed_names = {}, iter(unnamed)
         for name, path in named:  # keep the command line's order in the legends
             runs[name if name is not None else next(unnamed_names)] = path
+        if args.command == "mechanism":
+            from .mechanism_report import write_mechanism_report
+
+            return [write_mechanism_report(runs, args.output, fmt=args.format, figure=not args.no_figure)]
         written = plot_runs(runs, args.output, extra_metrics=args.metric, smoothing=args.smoothing)
         if not written:
             raise ValueError("none of the runs logged any of the plotted quantities.")
