@@ -122,7 +122,7 @@ def test_markdown_report_via_command_line(run_dir, tmp_path, capsys):
     assert main([str(run_dir), "--format", "md", "--output", str(output), "--max-cases", "3"]) == 0
     assert capsys.readouterr().out.strip() == str(output)
     text = output.read_text(encoding="utf-8")
-    assert STEP_TABLE_HEADER in text and "| Masked token | P | Adv. | H vs τ_h | Top-5 |" in text
+    assert STEP_TABLE_HEADER in text and "| Masked token | P | Adv. | H vs τ_h | ‖∇‖ | dH | Top-5 |" in text
     assert text.count("### Case ") == 3 and text.count("\\[**") == 3
     markdown_it = pytest.importorskip("markdown_it")
     rendered = markdown_it.MarkdownIt("commonmark").enable("table").render(text)

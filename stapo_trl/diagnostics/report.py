@@ -54,7 +54,9 @@ EXPLANATION = (
     "completion. H: the entropy of the next-token distribution at that position; τ_h: the S2T entropy threshold "
     "of its micro-batch. With STAPO's mask (spurious_mask_mode='low_entropy') a candidate (P < τ_p, Adv. > 0) is "
     "silenced when H < τ_h and kept otherwise; the ablation modes silence other candidates. Top-5: the "
-    "policy's most likely tokens at that position. ␣ is a space, \\n a newline. Counts are of traced tokens: the "
+    "policy's most likely tokens at that position. ‖∇‖: |Adv.| times the norm of the gradient of log P with respect "
+    "to the position's logits; dH: the first-order entropy change of that gradient step at the position, per unit "
+    "step (positive: entropy rises; paper §3.2). ␣ is a space, \\n a newline. Counts are of traced tokens: the "
     "trace keeps at most spurious_trace_max_silenced silenced and spurious_trace_max_kept kept tokens per "
     "micro-batch."
 )
@@ -183,6 +185,8 @@ def _page(summary: TraceSummary, *, title, status, sort, top_tokens, log_history
                 format_probability(row.get("probability", float("nan"))),
                 format_number(row.get("advantage"), 2),
                 format_entropy_vs_threshold(row.get("entropy"), row.get("entropy_threshold")),
+                format_number(row.get("gradient_norm"), 3),
+                format_number(row.get("entropy_change"), 4),
             ],
             "alternatives": [
                 (format_alternative(alt), alt.get("token_id") == row.get("token_id"))
@@ -281,7 +285,7 @@ kept candidates over <strong>{{ steps|length }}</strong> step(s) and {{ ranks }}
 {# one line: the page shows the context's own newlines (white-space: pre-wrap) #}
 <div class="context">{{ case.before }}<mark title="token id {{ case.token_id }}">{{ case.token }}</mark>{{ case.after }}</div>
 <table class="stats">
-<tr><th>{{ case.label }}</th><th>P</th><th>Adv.</th><th>H vs τ_h</th><th>Top-5</th></tr>
+<tr><th>{{ case.label }}</th><th>P</th><th>Adv.</th><th>H vs τ_h</th><th>‖∇‖</th><th>dH</th><th>Top-5</th></tr>
 <tr><td><code>{{ case.token }}</code></td>{% for value in case.stats %}<td class="num">{{ value }}</td>{% endfor %}<td>
 {%- for text, is_self in case.alternatives %}{% if not loop.first %} • {% endif %}<span class="alt{% if is_self %} self{% endif %}">{{ text }}</span>{% endfor -%}
 </td></tr>
@@ -336,9 +340,9 @@ Traced tokens: **{{ totals.silenced }}** silenced and **{{ totals.kept }}** kept
 
 {{ case|blockquote }}
 
-| {{ case.label }} | P | Adv. | H vs τ_h | Top-5 |
-|---|---:|---:|---:|---|
-| {{ case.token }} | {{ case.stats[0] }} | {{ case.stats[1] }} | {{ case.stats[2] }} | {{ case.alternatives|map("first")|map("md")|join(" • ")|safe }} |
+| {{ case.label }} | P | Adv. | H vs τ_h | ‖∇‖ | dH | Top-5 |
+|---|---:|---:|---:|---:|---:|---|
+| {{ case.token }} | {% for value in case.stats %}{{ value }} | {% endfor %}{{ case.alternatives|map("first")|map("md")|join(" • ")|safe }} |
 
 {% else %}
 {{ no_cases }}{% if kept_hint %} {{ kept_hint }}{% endif +%}
