@@ -70,7 +70,7 @@ QUANTITIES = (
     *(
         Quantity(
             f"mechanism_{column}.png",
-            f"Positive-advantage tokens by quadrant: {title}",
+            f"Table 1 quadrants: {title}",
             tuple(f"{MECHANISM_PREFIX}{quadrant}/{column}" for quadrant in QUADRANTS),
             ylabel,
             scale=scale,
@@ -79,8 +79,8 @@ QUANTITIES = (
         )
         for column, title, ylabel, scale, log_y in (
             ("token_share", "share of tokens", "tokens (%)", 100.0, True),
-            ("grad_norm_share", "share of the logit-gradient norm", "gradient norm (%)", 100.0, True),
-            ("entropy_change", "first-order entropy change", "mean dH per token (nats per unit step)", 1.0, False),
+            ("grad_norm_share", "share of the gradient norm", "gradient norm (%)", 100.0, True),
+            ("entropy_change", "entropy change", "mean first-order dH per token (per unit step)", 1.0, False),
         )
     ),
 )
