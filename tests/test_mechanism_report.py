@@ -8,7 +8,7 @@ from conftest import png_size, train_tiny_run
 from stapo_trl.diagnostics.mechanism_report import render, run_table
 from stapo_trl.diagnostics.metrics import GROUPS, QUADRANTS
 from stapo_trl.diagnostics.plots import plot_runs
-from stapo_trl.diagnostics.report import main
+from stapo_trl.diagnostics.report_cli import main
 
 
 def entry(step, values, **extra):

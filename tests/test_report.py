@@ -13,12 +13,12 @@ from stapo_trl.diagnostics.report import (
     format_entropy_vs_threshold,
     format_number,
     format_probability,
-    main,
     render_html,
     render_markdown,
     summarize,
     write_report,
 )
+from stapo_trl.diagnostics.report_cli import main
 from stapo_trl.diagnostics.trace import iter_trace, load_trace, visible_token
 
 
