@@ -136,6 +136,7 @@ class STAPOTrainer(GRPOTrainer):
             temperature=self.temperature,
             gather=self._gather_entropies if multi_process else None,
             reduce=(lambda tensor: self.accelerator.reduce(tensor, reduction="sum")) if multi_process else None,
+            model_config=self.model.config,
         )
 
     def _gather_entropies(self, entropies: torch.Tensor) -> torch.Tensor:

@@ -132,3 +132,13 @@ def test_vllm_logp_gap_by_group(tokenizer, model, prompt_dataset, tmp_path):
     for group, mask in (("all", loss_mask), ("candidates", candidates), ("silenced", silenced)):
         assert metrics[f"sampling/logp_gap/{group}"] == [pytest.approx(gap[mask].mean().item(), rel=1e-4)], group
     assert not any(key.startswith("mechanism/") for key in metrics)  # Table 1 is opt-in
+
+
+def test_models_with_transformed_logits_are_refused(tokenizer, prompt_dataset, tmp_path):
+    model = tiny_qwen3(tokenizer, seed=0)
+    model.config.final_logit_softcapping = 30.0
+    with pytest.raises(ValueError, match="final_logit_softcapping=30.0.*spurious_mechanism_metrics=False"):
+        STAPOTrainer(
+            model=model, reward_funcs=length_reward, train_dataset=prompt_dataset, processing_class=tokenizer,
+            args=cpu_config(tmp_path, spurious_mechanism_metrics=True),
+        )  # fmt: skip

@@ -28,6 +28,7 @@ the old log-probabilities when TRL computed them, else the loss's own (then at t
 from contextlib import contextmanager
 
 import torch
+from trl.trainer.utils import maybe_gather_lm_head_ctx
 
 from ..mechanism import (
     first_order_entropy_change,
@@ -41,6 +42,14 @@ from .metrics import COLUMNS, GROUPS, MECHANISM_PREFIX, QUADRANTS
 
 
 GAP_PREFIX = "sampling/logp_gap/"
+# Config fields of models whose LM head transforms the logits (TRL's fused head applies them; `logit_statistics` not).
+LOGIT_TRANSFORMS = (
+    "final_logit_softcapping",
+    "logit_scale",
+    "output_multiplier",
+    "lm_head_multiplier",
+    "logits_scaling",
+)
 GAP_GROUPS = ("all", "candidates", "silenced")
 
 
@@ -70,11 +79,22 @@ class StepDiagnostics:
         temperature: the sampling temperature the loss divides the logits by.
         gather: all-gathers a variable-length 1-D tensor over processes (None: one process).
         reduce: sums a tensor over processes (None: one process).
+        model_config: the policy's config; the mechanism metrics refuse models whose LM head transforms its logits.
     """
 
     def __init__(
-        self, *, mechanism, prob_threshold, entropy_quantile, epsilon_low, epsilon_high, temperature, gather, reduce
+        self, *, mechanism, prob_threshold, entropy_quantile, epsilon_low, epsilon_high, temperature, gather, reduce,
+        model_config=None,
     ):  # fmt: skip
+        if mechanism and model_config is not None:
+            text_config = model_config.get_text_config()
+            for name in LOGIT_TRANSFORMS:
+                if getattr(text_config, name, None) not in (None, 1, 1.0):
+                    raise ValueError(
+                        f"spurious_mechanism_metrics=True recomputes the next-token distribution as softmax(h W^T / T) "
+                        f"and does not apply this model's {name}={getattr(text_config, name)!r}; set "
+                        "spurious_mechanism_metrics=False for this model."
+                    )
         self.mechanism = mechanism
         self.prob_threshold, self.entropy_quantile = prob_threshold, entropy_quantile
         self.epsilon_low, self.epsilon_high = epsilon_low, epsilon_high
@@ -139,7 +159,8 @@ class StepDiagnostics:
         weight, bias = head.weight, head.bias
         if hasattr(weight, "full_tensor"):  # FSDP2 shards the head as a DTensor
             weight, bias = weight.full_tensor(), None if bias is None else bias.full_tensor()
-        collision, collision_log = logit_statistics(hidden, weight, bias, self.temperature)
+        with maybe_gather_lm_head_ctx(weight, bias):  # ZeRO-3 partitions it; TRL's fused head gathers it the same way
+            collision, collision_log = logit_statistics(hidden, weight, bias, self.temperature)
         logps, entropy = per_token_logps.detach()[selected].float(), entropies.detach()[selected].float()
         step = advantages[selected] * surrogate_weight(
             ratio.detach()[selected], advantages[selected], self.epsilon_low, self.epsilon_high
