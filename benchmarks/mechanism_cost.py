@@ -169,14 +169,17 @@ def main(argv=None):
     from stapo_trl.toy.tokenizer import build_tokenizer
 
     tokenizer = build_tokenizer()
-    rows = [row for size in args.sizes.split(",") for row in run_size(args, size, tokenizer, device, dtype)]
-    print(f"Machine: {describe_machine(device)}")
     print(
         f"Optimizer step: {args.accumulation} micro-batches of {args.batch} completions x {args.completion_length} "
         f"tokens (prompt {args.prompt_length}), {args.dtype} on {device}, scope step, on-policy; {args.rounds} "
         f"interleaved rounds after {args.warmup} warm-up rounds; times per optimizer step, generation excluded\n"
     )
-    print(markdown_table(COLUMNS, rows))
+    table = markdown_table(COLUMNS, []).splitlines()
+    print("\n".join(table), flush=True)
+    for size in args.sizes.split(","):  # each row as soon as it is measured
+        for row in run_size(args, size, tokenizer, device, dtype):
+            print(markdown_table(COLUMNS, [row]).splitlines()[-1], flush=True)
+    print(f"\nMachine: {describe_machine(device)}")
 
 
 if __name__ == "__main__":
