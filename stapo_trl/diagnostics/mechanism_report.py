@@ -36,7 +36,7 @@ GROUP_LABELS = {
 }
 # What the paper's §3.2 says of each group (Table 1, Lemma 3.2, Theorem 3.3), for the reader's comparison.
 PAPER_TABLE_1 = {
-    "low_prob_low_entropy": "high spurious risk, largest gradient norms, entropy increase",
+    "low_prob_low_entropy": "high spurious risk, large gradient norms, entropy increase",
     "low_prob_high_entropy": "exploration; entropy increase",
     "high_prob_low_entropy": "",
     "high_prob_high_entropy": "",
