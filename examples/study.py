@@ -34,6 +34,13 @@ LOG_SUMMARIES = {
     "mean_candidate_ratio": "spurious/candidate_ratio",
     "final_mean_length": "completions/mean_length",
 }
+# Table 1 per run (stapo_trl.diagnostics.mechanism_report.run_table): the low-probability quadrants and the
+# high-probability, high-entropy one, where the gradient goes and how the entropy moves.
+TABLE_1_COLUMNS = [
+    (group, column)
+    for group in ("low_prob_low_entropy", "low_prob_high_entropy", "high_prob_low_entropy", "high_prob_high_entropy")
+    for column in ("token_share", "grad_norm_share", "entropy_change")
+]
 
 
 def parse_args(argv=None):
@@ -60,6 +67,7 @@ def run_one(method, seed, args, deadline):
         "--seed", str(seed), "--max_steps", str(args.max_steps), "--output_dir", str(output_dir),
         "--save_strategy", "no", "--logging_steps", "10", "--disable_tqdm", "true",
         "--overwrite_output_dir", "true",  # the folder holds train.log; an unfinished run starts over
+        "--spurious_mechanism_metrics", "true",  # the paper's Table 1, logged for every method
         *[a for a in args.extra if a != "--"],
     ]  # fmt: skip
     environment = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
@@ -77,12 +85,17 @@ def log_history(run_dir):
 
 
 def summarize_run(run_dir):
+    from stapo_trl.diagnostics.mechanism_report import run_table
+
     results = json.loads((Path(run_dir) / "results.json").read_text())
     history = [entry for entry in log_history(run_dir) if "loss" in entry]
     tail = history[-max(1, len(history) // 10) :]  # "final": the last 10% of the logged steps
     for name, key in LOG_SUMMARIES.items():
         values = [e[key] for e in (history if name.startswith("mean_") else tail) if e.get(key) is not None]
         results[name] = statistics.fmean(values) if values else None
+    table = run_table(history)  # the paper's Table 1 over the whole run
+    for group, column in TABLE_1_COLUMNS:
+        results[f"{group}/{column}"] = table[group][column]
     return results
 
 
@@ -111,6 +124,7 @@ def mean_std(values):
 
 
 def write_report(runs, args):
+    from stapo_trl.diagnostics.mechanism_report import write_mechanism_report
     from stapo_trl.diagnostics.plots import plot_runs
 
     report_dir = Path(args.report_dir)
@@ -123,6 +137,7 @@ def write_report(runs, args):
         "heldout_accuracy_before",
         "heldout_accuracy_after",
         *LOG_SUMMARIES,
+        *(f"{group}/{column}" for group, column in TABLE_1_COLUMNS),
         "seconds",
     ]
     with open(report_dir / "runs.csv", "w", newline="") as file:
@@ -131,12 +146,13 @@ def write_report(runs, args):
         writer.writerows(rows)
 
     summary, curves = {}, {}
+    table_keys = [f"{group}/{column}" for group, column in TABLE_1_COLUMNS]
     for method in args.methods:
         method_rows = [r for r in rows if r["method"] == method]
         if not method_rows:
             continue
         summary[method] = {"seeds": len(method_rows)}
-        for key in ["heldout_accuracy_before", "heldout_accuracy_after", *LOG_SUMMARIES]:
+        for key in ["heldout_accuracy_before", "heldout_accuracy_after", *LOG_SUMMARIES, *table_keys]:
             summary[method][key] = mean_std([r.get(key) for r in method_rows])
         method_runs = [run for run in runs if run.name.startswith(f"{method}-seed")]
         curves[method] = mean_logs(method_runs, Path(args.runs_dir) / "mean" / method)
@@ -158,11 +174,27 @@ def write_report(runs, args):
             f"{cell(values['mean_silenced_ratio'], 100, 4)} | {cell(values['mean_candidate_ratio'], 100, 4)} | "
             f"{cell(values['final_mean_length'], 1, 1)} |"
         )
+    # Table 1 per method: share of the positive-advantage tokens, of their gradient norm, and mean entropy change
+    # per unit step, for each quadrant (P vs τ_p, H vs τ_h).
+    lines += [
+        "",
+        "| method | quadrant | token share (%) | gradient-norm share (%) | entropy change per token |",
+        "|---|---|---|---|---|",
+    ]
+    for method, values in summary.items():
+        for group, _ in TABLE_1_COLUMNS[::3]:
+            lines.append(
+                f"| {method} | {group} | {cell(values[f'{group}/token_share'], 100, 4)} | "
+                f"{cell(values[f'{group}/grad_norm_share'], 100, 3)} | "
+                f"{cell(values[f'{group}/entropy_change'], 1, 5)} |"
+            )
     table = "\n".join(lines) + "\n"
     (report_dir / "results.md").write_text(table)
-    plots = plot_runs({method: str(path) for method, path in curves.items()}, report_dir)
+    runs_by_method = {method: str(path) for method, path in curves.items()}
+    plots = plot_runs(runs_by_method, report_dir)
+    mechanism = write_mechanism_report(runs_by_method, report_dir / "table1.md")
     print(table)
-    print("Plots:", ", ".join(str(p) for p in plots))
+    print("Plots:", ", ".join(str(p) for p in plots), "; Table 1:", mechanism)
 
 
 def main(argv=None):

@@ -48,6 +48,12 @@ class STAPOConfig(GRPOConfig):
             forward of the step's positive-advantage completions (the only ones that can hold a candidate).
             `"micro_batch"`: each micro-batch decides alone (pooled over processes) inside its loss, at no extra
             forward; its τ_h and normalizer then depend on how the step is split.
+        spurious_mechanism_metrics (`bool`, defaults to `False`):
+            Log the paper's Table 1 every optimizer step (`mechanism/*`, see `stapo_trl.diagnostics.quadrants`): the
+            loss tokens of positive-advantage completions split by probability (τ_p) and entropy (τ_h), and the
+            silenced tokens, each with its share of the tokens, its share of the summed logit-gradient norm and its
+            mean first-order entropy change, exact over the step and every process. Costs a vocabulary-wide
+            reduction over those tokens from the loss's final hidden states.
         spurious_trace (`bool`, defaults to `False`):
             Write the silenced tokens and a sample of the kept candidates, with context and top-k alternatives, to
             `<output_dir>/spurious_trace/rank-<i>.jsonl` (see `stapo_trl.diagnostics.trace`). Bounded per
@@ -87,6 +93,15 @@ class STAPOConfig(GRPOConfig):
         },
     )
 
+    spurious_mechanism_metrics: bool = field(
+        default=False,
+        metadata={
+            "help": "Log the paper's Table 1 every optimizer step: the positive-advantage loss tokens in four "
+            "quadrants (probability vs τ_p, entropy vs τ_h) and the silenced ones, with each group's share of tokens, "
+            "share of the logit-gradient norm and mean first-order entropy change (mechanism/*). Costs a "
+            "vocabulary-wide reduction over those tokens (see benchmarks/mechanism_cost.py)."
+        },
+    )
     spurious_trace: bool = field(
         default=False,
         metadata={

@@ -4,6 +4,7 @@ import os
 import shutil
 import textwrap
 import time
+from contextlib import nullcontext
 
 import torch
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
@@ -13,6 +14,7 @@ from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import get_config_model_id, nanmax, nanmin
 
 from .config import STAPOConfig
+from .diagnostics.quadrants import StepDiagnostics
 from .diagnostics.trace import SpuriousTokenTracer
 from .model_card import model_card
 from .output_dir import describe_save_failure, hold_output_dir
@@ -144,6 +146,7 @@ class STAPOTrainer(GRPOTrainer):
         self._old_forward_step = None  # global step at which TRL's old-log-prob forward last ran
         self._step_inputs = None  # the micro-batches of the current optimizer step, with the step's S2T decision
         self._pool_entropies = []  # (entropies, loss mask) of the loss forwards of the current decision so far
+        self._micro_batch_decisions = []  # scope "micro_batch": the step's decisions so far, logged at its end
         self._tracer = None
         if args.spurious_trace:
             self._tracer = SpuriousTokenTracer(
@@ -156,6 +159,18 @@ class STAPOTrainer(GRPOTrainer):
                 context_tokens=args.spurious_trace_context_tokens,
                 top_k=args.spurious_trace_top_k,
             )
+        multi_process = self.accelerator.num_processes > 1
+        self._step_diagnostics = StepDiagnostics(
+            mechanism=args.spurious_mechanism_metrics,
+            prob_threshold=args.spurious_prob_threshold,
+            entropy_quantile=args.spurious_entropy_quantile,
+            epsilon_low=self.epsilon_low,
+            epsilon_high=self.epsilon_high,
+            temperature=self.temperature,
+            gather=self._gather_entropies if multi_process else None,
+            reduce=(lambda tensor: self.accelerator.reduce(tensor, reduction="sum")) if multi_process else None,
+            model_config=self.model.config,
+        )
 
     def _gather_entropies(self, entropies: torch.Tensor) -> torch.Tensor:
         """All-gather a variable-length 1-D tensor of entropies (>= 0) from every process."""
@@ -209,11 +224,17 @@ class STAPOTrainer(GRPOTrainer):
             [totals, entropy_threshold.reshape(1).float()]
         ).tolist()
         metrics = self._metrics[mode]
-        metrics["spurious/silenced_ratio"].append(num_silenced_ / max(num_loss_, 1.0))
-        metrics["spurious/candidate_ratio"].append(num_candidates_ / max(num_loss_, 1.0))
-        metrics["spurious/silenced_count"].append(num_silenced_)
-        metrics["spurious/entropy_threshold"].append(threshold_)
         metrics["spurious/mask_time_ms"].append(timer.milliseconds())
+        decision = (num_loss_, num_candidates_, num_silenced_, threshold_)
+        if not pooled and mode == "train" and self.current_gradient_accumulation_steps > 1:
+            # Scope "micro_batch": several decisions per optimizer step, logged once per step with the step's totals
+            # (a mean over micro-batches would log 13 silenced tokens as 3.25); the step has no single threshold.
+            self._micro_batch_decisions.append(decision)
+            if (self._step + 1) % self.current_gradient_accumulation_steps == 0:
+                self._log_decision(metrics, self._micro_batch_decisions)
+                self._micro_batch_decisions = []
+        else:
+            self._log_decision(metrics, [decision])
         if self._tracer is not None and mode == "train":  # step: the optimizer step being built, as in the logs
             for index in range(len(inputs)):
                 self._tracer.record(
@@ -240,6 +261,22 @@ class STAPOTrainer(GRPOTrainer):
         quantiles = masked_quantile(values, valid, list(ENTROPY_QUANTILES.values())).tolist()
         for name, quantile in zip(ENTROPY_QUANTILES, quantiles, strict=True):
             self._metrics[mode][f"entropy/{name}"].append(quantile)
+
+    @staticmethod
+    def _log_decision(metrics, decisions):
+        """Log the S2T counts of one optimizer step from its decisions, each (loss tokens, candidates, silenced, τ_h):
+        one decision over the step, or one per micro-batch (scope "micro_batch"), whose thresholds are averaged under
+        their own name."""
+        num_loss, num_candidates, num_silenced = (sum(decision[i] for decision in decisions) for i in range(3))
+        metrics["spurious/silenced_ratio"].append(num_silenced / max(num_loss, 1.0))
+        metrics["spurious/candidate_ratio"].append(num_candidates / max(num_loss, 1.0))
+        metrics["spurious/silenced_count"].append(num_silenced)
+        if len(decisions) == 1:
+            metrics["spurious/entropy_threshold"].append(decisions[0][3])
+        else:
+            thresholds = [decision[3] for decision in decisions if decision[3] == decision[3]]  # NaN: no candidate
+            mean = sum(thresholds) / len(thresholds) if thresholds else float("nan")
+            metrics["spurious/entropy_threshold_micro_batch_mean"].append(mean)
 
     # --- S2T per optimizer step (spurious_mask_scope="step") ---
     # Transformers' loop calls `_prepare_inputs` once per micro-batch, in order, before that micro-batch's forward;
@@ -384,9 +421,12 @@ class STAPOTrainer(GRPOTrainer):
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
                                            compute_entropy=False, **kwargs):  # fmt: skip
         capture = self._captured_forwards is not None and model is self.model and not compute_entropy
-        logps, entropies, aux_loss = super()._get_per_token_logps_and_entropies(
-            model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy or capture, **kwargs
-        )
+        # The loss's forward (the one with a graph) keeps its final hidden states for the mechanism metrics.
+        diagnose = self._step_diagnostics.mechanism and torch.is_grad_enabled() and self.model.training
+        with self._step_diagnostics.capture(self.accelerator.unwrap_model(model)) if diagnose else nullcontext():
+            logps, entropies, aux_loss = super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy or capture, **kwargs
+            )
         if capture:
             self._captured_forwards.append((logps, entropies))
             entropies = None
@@ -446,6 +486,8 @@ class STAPOTrainer(GRPOTrainer):
 
         # Token-level importance sampling only (STAPOConfig refuses the sequence level)
         coef_1 = torch.exp(per_token_logps - old_per_token_logps)
+        if self.model.training:
+            self._record_step_diagnostics(inputs, per_token_logps, entropies, advantages, silenced, coef_1)
 
         if self.beta != 0.0:
             ref_per_token_logps = inputs["ref_per_token_logps"]
@@ -511,6 +553,17 @@ class STAPOTrainer(GRPOTrainer):
         gathered_high_clip = self.accelerator.gather(masked_seq_mean(is_high_clipped.float()))
         self._metrics[mode]["clip_ratio/high_max"].append(nanmax(gathered_high_clip).item())
         return loss
+
+    def _record_step_diagnostics(self, inputs, per_token_logps, entropies, advantages, silenced, ratio):
+        """Table 1 of the step and the vLLM log-prob gap (`stapo_trl.diagnostics.quadrants`), logged at its end."""
+        old_per_token_logps = inputs.get("old_per_token_logps")
+        step_metrics = self._step_diagnostics.record(
+            inputs, per_token_logps, entropies, advantages, _loss_mask(inputs), silenced, ratio,
+            per_token_logps if old_per_token_logps is None else old_per_token_logps,
+            last_of_step=(self._step + 1) % self.current_gradient_accumulation_steps == 0,
+        )  # fmt: skip
+        for name, value in (step_metrics or {}).items():
+            self._metrics["train"][name].append(value)
 
     # --- Saving: the model card with the S2T settings, and checkpoints that are complete or absent ---
 

@@ -2,11 +2,12 @@
 
 The same 16 completions as tests/test_trainer.py's invariance test, now split over 2 processes x (batch 4,
 accumulation 2). Checks that the step's silenced set is the single-process Eq. 6 set of the 16, that the
-process-averaged gradient equals the Eq. 6 gradient, that the logged entropy quantiles are those of all 16 completions'
-loss tokens, and that scope "micro_batch" gives another gradient; then the same where one process holds no
+process-averaged gradient equals the Eq. 6 gradient, that the logged entropy quantiles and Table 1 are those of all 16
+completions' loss tokens, and that scope "micro_batch" gives another gradient; then the same where one process holds no
 positive-advantage completion (both run the same number of pre-pass forwards). Then two real training steps.
 """
 
+import math
 import sys
 import tempfile
 
@@ -15,6 +16,7 @@ import torch.distributed as dist
 from conftest import cpu_config, length_reward
 from datasets import Dataset
 from eq6 import s2t_silenced, token_logps_and_entropies
+from test_quadrants import reference_table, reference_tokens
 from test_trainer import TEST_TAU_P, eq6_reference, grads_differ, make_inputs, split_rows, step_gradient
 
 from stapo_trl import STAPOTrainer
@@ -39,7 +41,7 @@ def main():
         reward_funcs=length_reward,
         args=cpu_config(
             output_dir, spurious_prob_threshold=TEST_TAU_P, max_steps=2, learning_rate=1e-2,
-            per_device_train_batch_size=4, gradient_accumulation_steps=2,
+            per_device_train_batch_size=4, gradient_accumulation_steps=2, spurious_mechanism_metrics=True,
         ),
         train_dataset=prompts,
         processing_class=tokenizer,
@@ -81,6 +83,14 @@ def main():
     for name, q in (("p50", 0.5), ("p80", 0.8), ("p95", 0.95)):  # over both processes' values
         expected_quantile = torch.quantile(loss_entropies, q).item()
         assert abs(metrics[f"entropy/{name}"][-1] - expected_quantile) <= 1e-5 * expected_quantile, name
+
+    # Table 1 of the step: that of the 16 completions, computed by hand on one process.
+    tokens = reference_tokens(tiny_qwen3(tokenizer, seed=0), full)
+    for name, value in reference_table(tokens, whole[tokens["selected"]], prob_threshold=TEST_TAU_P).items():
+        logged = metrics[f"mechanism/{name}"]
+        assert len(logged) == 1, (name, logged)
+        same = math.isclose(logged[0], value, rel_tol=1e-4, abs_tol=1e-7)
+        assert same or (math.isnan(value) and math.isnan(logged[0])), (rank, name, logged, value)
 
     # 3. Scope "micro_batch": each micro-batch decides alone (over both processes): another gradient.
     trainer.args.spurious_mask_scope = "micro_batch"

@@ -18,6 +18,8 @@ EXPECTED_COLUMNS = {
     "step_overhead.py": ["model", "candidates %", "silenced %", "GRPO ms", "STAPO ms", "time ratio (median)",
                          "ratio IQR", "GRPO peak MB", "STAPO peak MB", "peak ratio"],
     "mask_cost.py": ["shape", "loss tokens", "candidates", "silenced", "mask ms", "S2T total ms", "S2T extra peak MB"],
+    "mechanism_cost.py": ["model", "vocabulary", "off ms", "on ms", "time ratio (median)", "ratio IQR",
+                          "metrics ms / step"],
     "gather_overhead.py": ["shape per process", "mask, local ms", "mask, pooled ms", "gather extra ms",
                            "S2T total ms", "GRPO all-reduce ms"],
     "rl_step_overhead.py": ["method", "positive share", "ms / optimizer step", "generation ms / batch",
@@ -43,7 +45,7 @@ def check_table(script: str, result: subprocess.CompletedProcess) -> None:
         assert len(row) == len(header) and all(row), row
 
 
-@pytest.mark.parametrize("script", ["step_overhead.py", "mask_cost.py"])
+@pytest.mark.parametrize("script", ["step_overhead.py", "mask_cost.py", "mechanism_cost.py"])
 def test_single_process_benchmark_runs(script, tmp_path):
     result = run_command([sys.executable, str(BENCHMARKS / script), "--quick"], timeout=300, env=ENV, cwd=tmp_path)
     check_table(script, result)

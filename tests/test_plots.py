@@ -14,7 +14,7 @@ from stapo_trl.diagnostics.plots import (
     plot_runs,
     run_names,
 )
-from stapo_trl.diagnostics.report import main
+from stapo_trl.diagnostics.report_cli import main
 
 
 pytest.importorskip("matplotlib")

@@ -13,12 +13,12 @@ from stapo_trl.diagnostics.report import (
     format_entropy_vs_threshold,
     format_number,
     format_probability,
-    main,
     render_html,
     render_markdown,
     summarize,
     write_report,
 )
+from stapo_trl.diagnostics.report_cli import main
 from stapo_trl.diagnostics.trace import iter_trace, load_trace, visible_token
 
 
@@ -122,7 +122,7 @@ def test_markdown_report_via_command_line(run_dir, tmp_path, capsys):
     assert main([str(run_dir), "--format", "md", "--output", str(output), "--max-cases", "3"]) == 0
     assert capsys.readouterr().out.strip() == str(output)
     text = output.read_text(encoding="utf-8")
-    assert STEP_TABLE_HEADER in text and "| Masked token | P | Adv. | H vs τ_h | Top-5 |" in text
+    assert STEP_TABLE_HEADER in text and "| Masked token | P | Adv. | H vs τ_h | ‖∇‖ | dH | Top-5 |" in text
     assert text.count("### Case ") == 3 and text.count("\\[**") == 3
     markdown_it = pytest.importorskip("markdown_it")
     rendered = markdown_it.MarkdownIt("commonmark").enable("table").render(text)

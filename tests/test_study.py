@@ -32,5 +32,7 @@ def test_study_writes_results_and_plots(tmp_path):
     assert set(summary) == {"stapo", "justrl_fullmask"} and summary["stapo"]["seeds"] == 1
     table = (report_dir / "results.md").read_text()
     assert table.startswith("| method | seeds | held-out acc. before") and "| justrl_fullmask | 1 |" in table
+    assert "| stapo | low_prob_low_entropy |" in table and "low_prob_low_entropy/grad_norm_share" in rows[0]
+    assert "## stapo" in (report_dir / "table1.md").read_text()  # the paper's Table 1 per method
     pngs = sorted(report_dir.glob("*.png"))
     assert pngs and all(min(png_size(p)) > 100 for p in pngs)

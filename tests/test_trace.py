@@ -11,7 +11,7 @@ from stapo_trl.toy.model import tiny_qwen3
 
 FIELDS = {
     "step", "micro_batch", "rank", "status", "sample", "position", "token_id", "token", "probability", "entropy", "advantage",
-    "entropy_threshold", "context_before", "context_after", "top_alternatives",
+    "entropy_threshold", "context_before", "context_after", "top_alternatives", "gradient_norm", "entropy_change",
 }  # fmt: skip
 
 
@@ -52,6 +52,10 @@ def test_trace_matches_logged_silenced_counts(tokenizer, prompt_dataset, tmp_pat
         assert len(alternatives) == 5
         probabilities = [a["probability"] for a in alternatives]
         assert probabilities == sorted(probabilities, reverse=True) and probabilities[0] >= row["probability"]
+        # |Â| sqrt(1 - 2P + Σ π²), with Σ π² between the top-5's share of it and the largest probability.
+        norm = row["gradient_norm"] / row["advantage"]
+        low = 1 - 2 * row["probability"] + sum(p * p for p in probabilities)
+        assert low**0.5 * (1 - 1e-5) <= norm <= (1 - 2 * row["probability"] + probabilities[0]) ** 0.5
         assert row["token"] == tokenizer.decode([row["token_id"]])
         assert len(tokenizer(row["context_before"], add_special_tokens=False)["input_ids"]) <= 4
 

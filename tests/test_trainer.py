@@ -253,6 +253,7 @@ def step_gradient(trainer, micro_batches):
         micro_batches = trainer._decide_step(micro_batches)
     for micro_batch in micro_batches:
         trainer._compute_loss(trainer.model, micro_batch).backward()
+        trainer._step += 1  # as GRPOTrainer.training_step does after each micro-batch
     grads = {name: p.grad.clone() for name, p in trainer.model.named_parameters() if p.grad is not None}
     silenced = [mb["spurious_silenced"] for mb in micro_batches] if "spurious_silenced" in micro_batches[0] else None
     return grads, silenced
@@ -299,9 +300,25 @@ def test_step_scope_is_invariant_to_the_split_and_equals_eq6(tokenizer, prompt_d
         STAPOTrainer, tiny_qwen3(tokenizer, seed=0), tokenizer, prompt_dataset, tmp_path / "micro",
         gradient_accumulation_steps=4, spurious_mask_scope="micro_batch",
     )  # fmt: skip
-    grads, _ = step_gradient(trainer, split_rows(inputs, [4] * 4))
+    micro_batches = split_rows(inputs, [4] * 4)
+    grads, _ = step_gradient(trainer, micro_batches)
     assert grads_differ(grads, expected)
-    assert len(trainer._metrics["train"]["spurious/silenced_count"]) == 4
+    # Logged once for the step: the total of its four decisions, each Eq. 6's mask over its own micro-batch.
+    silenced_per_micro_batch = []
+    for micro_batch in micro_batches:
+        with torch.no_grad():
+            logps, entropies = token_logps_and_entropies(tiny_qwen3(tokenizer, seed=0), micro_batch)
+        mask = s2t_silenced(
+            logps, entropies, micro_batch["advantages"], micro_batch["completion_mask"], TEST_TAU_P, 0.75
+        )
+        silenced_per_micro_batch.append(int(mask.sum()))
+    metrics = trainer._metrics["train"]
+    assert len([n for n in silenced_per_micro_batch if n]) > 1  # several micro-batches silence tokens
+    assert metrics["spurious/silenced_count"] == [sum(silenced_per_micro_batch)]
+    assert (
+        len(metrics["spurious/entropy_threshold_micro_batch_mean"]) == 1
+        and "spurious/entropy_threshold" not in metrics
+    )
 
 
 def with_attention_dropout(model, rate=0.1):

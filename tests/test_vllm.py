@@ -251,6 +251,26 @@ def test_s2t_metrics_and_trace_of_vllm_rollouts(vllm_run, model_dir):
 
 
 @pytest.mark.slow
+def test_trainer_vllm_logp_gap_by_group(vllm_run):
+    """Each step logs the mean |log π_trainer - log π_vLLM| over the loss tokens of every process (TRL's old
+    log-probabilities against vLLM's sampling ones), and the same over the candidates and the silenced tokens."""
+    logged = [entry for entry in vllm_run["log_history"] if "loss" in entry]
+    assert len(logged) == MAX_STEPS
+    for entry, micro_batches in zip(logged, steps(vllm_run), strict=True):
+        total, count = 0.0, 0
+        for record in micro_batches:
+            inputs = record["inputs"]
+            mask = inputs["completion_mask"].bool()
+            total += (inputs["old_per_token_logps"] - inputs["sampling_per_token_logps"]).abs()[mask].sum().item()
+            count += int(mask.sum())
+        assert entry["sampling/logp_gap/all"] == pytest.approx(total / count, rel=1e-4)
+        for group in ("candidates", "silenced"):
+            value = entry.get(f"sampling/logp_gap/{group}")
+            assert value is None or value >= 0, (group, value)  # None: no such token at that step
+    assert any(entry.get("sampling/logp_gap/silenced") is not None for entry in logged)
+
+
+@pytest.mark.slow
 def test_evaluate_math_with_the_vllm_backend(model_dir, tmp_path):
     """examples/evaluate_math.py generates with vLLM on the CPU and grades what it generated."""
     argv = [

@@ -4,8 +4,9 @@
     plot_runs({"STAPO": "outputs/stapo", "JustRL": "outputs/justrl"}, "figures/")
 
 The curves of the paper's Figs. 5 and 6: reward, policy entropy, the silenced ratio (Fig. 6, log scale) and the
-candidate ratio of S2T, the token-entropy quantiles (Fig. 5(d)), the mean completion length, and every `eval/...`
-metric that a run logged. matplotlib is an optional dependency (`pip install "stapo-trl[diagnostics]"`), imported
+candidate ratio of S2T, the token-entropy quantiles (Fig. 5(d)), the mean completion length, the quadrants of the
+paper's Table 1 over training (when logged: `spurious_mechanism_metrics=True`), and every `eval/...` metric that a
+run logged. matplotlib is an optional dependency (`pip install "stapo-trl[diagnostics]"`), imported
 only when a plot is drawn; the figures are drawn without pyplot, so the caller's matplotlib backend is left alone.
 """
 
@@ -18,6 +19,8 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from .metrics import MECHANISM_PREFIX, QUADRANTS
 
 
 TRAINER_STATE = "trainer_state.json"
@@ -63,6 +66,23 @@ QUANTITIES = (
         key_labels=("p50", "p80", "p95"),
     ),
     Quantity("completion_length.png", "Mean completion length", ("completions/mean_length",), "tokens"),
+    # The paper's Table 1 over training (spurious_mechanism_metrics=True): the positive-advantage tokens' quadrants.
+    *(
+        Quantity(
+            f"mechanism_{column}.png",
+            f"Table 1 quadrants: {title}",
+            tuple(f"{MECHANISM_PREFIX}{quadrant}/{column}" for quadrant in QUADRANTS),
+            ylabel,
+            scale=scale,
+            log_y=log_y,
+            key_labels=("P<τp H<τh", "P<τp H≥τh", "P≥τp H<τh", "P≥τp H≥τh"),
+        )
+        for column, title, ylabel, scale, log_y in (
+            ("token_share", "share of tokens", "tokens (%)", 100.0, True),
+            ("grad_norm_share", "share of the gradient norm", "gradient norm (%)", 100.0, True),
+            ("entropy_change", "entropy change", "mean first-order dH per token (per unit step)", 1.0, False),
+        )
+    ),
 )
 EVAL_PREFIX = "eval/"
 LINE_STYLES = ("-", "--", ":", "-.")

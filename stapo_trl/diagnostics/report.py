@@ -1,31 +1,26 @@
-"""Case reports of the spurious-token trace, in the layout of the paper's Appendix 11.4, and the `stapo-report` command.
-
-    stapo-report RUN_DIR [--format html|md] [--output PATH] [--max_cases N] [--word_clouds] [--plots]
-    stapo-report plots RUN [RUN ...] --output DIR      # RUN: a run directory or NAME=RUN_DIR
-    stapo-report word_clouds RUN_DIR --output DIR
+"""Case reports of the spurious-token trace, in the layout of the paper's Appendix 11.4 (`stapo-report RUN_DIR`).
 
     from stapo_trl.diagnostics.report import render_html, write_report
     from stapo_trl.diagnostics.trace import load_trace
     write_report("outputs/stapo")                     # -> outputs/stapo/spurious_report.html
     html = render_html(load_trace("outputs/stapo"), max_cases=20)
 
-`python -m stapo_trl.diagnostics.report` is the same command as `stapo-report`; `report` is its default subcommand.
+The command line is `stapo_trl.diagnostics.report_cli`.
 A report shows, per case, the context with the token highlighted, its probability P, the advantage Adv. of its
 completion, its entropy H against the S2T threshold τ_h, and the policy's top alternatives; before the cases, the
-number of traced tokens per step and the most frequent tokens. The page is one jinja2 template, autoescaped (HTML),
-and its Markdown twin, where every value is escaped for Markdown unless marked safe. Word clouds and plots need the
+number of traced tokens per step and the most frequent tokens. The page is one jinja2 template shipped with the package
+(`templates/report.html.j2`, autoescaped) and its Markdown twin (`templates/report.md.j2`), where every value is
+escaped for Markdown unless marked safe. Word clouds and plots need the
 optional dependencies: `pip install "stapo-trl[diagnostics]"`.
 """
 
 from __future__ import annotations
 
-import argparse
 import heapq
 import json
 import logging
 import os
 import re
-import sys
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -38,7 +33,7 @@ from markupsafe import Markup
 from .trace import STATUSES, iter_trace, load_trace, row_order, run_root, trace_files, visible_token
 
 
-__all__ = ["load_trace", "main", "render_html", "render_markdown", "summarize", "write_report"]
+__all__ = ["load_trace", "render_html", "render_markdown", "summarize", "write_report"]
 
 logger = logging.getLogger(__name__)
 
@@ -46,14 +41,15 @@ SORTS = ("probability", "step")
 FORMATS = ("html", "md")
 REPORT_NAME = "spurious_report"
 LOG_RATIO_KEY = "spurious/silenced_ratio"
-COMMANDS = ("report", "plots", "word_clouds")
 
 EXPLANATION = (
     "P: the policy's probability of the sampled token (at the sampling temperature). Adv.: the advantage of its "
     "completion. H: the entropy of the next-token distribution at that position; τ_h: the S2T entropy threshold "
     "of its micro-batch. With STAPO's mask (spurious_mask_mode='low_entropy') a candidate (P < τ_p, Adv. > 0) is "
     "silenced when H < τ_h and kept otherwise; the ablation modes silence other candidates. Top-5: the "
-    "policy's most likely tokens at that position. ␣ is a space, \\n a newline. Counts are of traced tokens: the "
+    "policy's most likely tokens at that position. ‖∇‖: |Adv.| times the norm of the gradient of log P with respect "
+    "to the position's logits; dH: the first-order entropy change of that gradient step at the position, per unit "
+    "step (positive: entropy rises; paper §3.2). ␣ is a space, \\n a newline. Counts are of traced tokens: the "
     "trace keeps at most spurious_trace_max_silenced silenced and spurious_trace_max_kept kept tokens per "
     "micro-batch."
 )
@@ -182,6 +178,8 @@ def _page(summary: TraceSummary, *, title, status, sort, top_tokens, log_history
                 format_probability(row.get("probability", float("nan"))),
                 format_number(row.get("advantage"), 2),
                 format_entropy_vs_threshold(row.get("entropy"), row.get("entropy_threshold")),
+                format_number(row.get("gradient_norm"), 3),
+                format_number(row.get("entropy_change"), 4),
             ],
             "alternatives": [
                 (format_alternative(alt), alt.get("token_id") == row.get("token_id"))
@@ -215,135 +213,6 @@ def _page(summary: TraceSummary, *, title, status, sort, top_tokens, log_history
 
 
 # ------------------------------------------------------------------------------------------------- templates
-
-_HTML = """\
-<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<title>{{ title }}</title>
-<style>
-body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; max-width: 60rem; margin: 2rem auto;
-       padding: 0 1rem; color: #222; line-height: 1.45; }
-h1 { font-size: 1.6rem; } h2 { margin-top: 2rem; border-bottom: 1px solid #ddd; }
-h3 { font-size: 1.05rem; margin-bottom: .3rem; } h3 small { color: #666; font-weight: normal; }
-table { border-collapse: collapse; margin: .4rem 0; font-size: .92rem; }
-th, td { border: 1px solid #ddd; padding: .2rem .5rem; text-align: left; vertical-align: top; }
-td.num { text-align: right; font-variant-numeric: tabular-nums; }
-.context { white-space: pre-wrap; font-family: ui-monospace, Menlo, Consolas, monospace; font-size: .9rem;
-           background: #f7f7f7; border-left: 3px solid #bbb; padding: .5rem .8rem; }
-.case.silenced mark { background: #f6b8b8; } .case.kept mark { background: #b8d4f6; }
-mark { padding: 0 .1rem; border-radius: 2px; font-weight: bold; }
-.alt.self { font-weight: bold; text-decoration: underline; }
-.tokens { display: flex; gap: 2rem; flex-wrap: wrap; }
-figure { margin: 1rem 0; } figure img { max-width: 100%; border: 1px solid #eee; }
-.note { color: #555; font-size: .9rem; }
-</style>
-</head>
-<body>
-<h1>{{ title }}</h1>
-<p>Traced tokens: <strong>{{ totals.silenced }}</strong> silenced and <strong>{{ totals.kept }}</strong>
-kept candidates over <strong>{{ steps|length }}</strong> step(s) and {{ ranks }} rank(s).</p>
-<p class="note">{{ explanation }}</p>
-<h2>Counts per step</h2>
-<details{% if steps|length <= 50 %} open{% endif %}><summary>{{ steps|length }} step(s)</summary>
-<table class="counts">
-<tr><th>step</th><th>silenced (traced)</th><th>kept (traced)</th>{% if ratios %}<th>silenced ratio (logged)</th>{% endif %}</tr>
-{% for step, silenced, kept, ratio in steps %}
-<tr><td class="num">{{ step }}</td><td class="num">{{ silenced }}</td><td class="num">{{ kept }}</td>
-{%- if ratios %}<td class="num">{{ ratio }}</td>{% endif %}</tr>
-{% endfor %}
-</table>
-</details>
-<h2>Most frequent tokens</h2>
-<div class="tokens">
-{% for name, counts in tokens.items() %}
-<table><tr><th>{{ name }} token</th><th>count</th></tr>
-{% for token, count in counts %}
-<tr><td><code>{{ token }}</code></td><td class="num">{{ count }}</td></tr>
-{% else %}
-<tr><td colspan="2">none</td></tr>
-{% endfor %}
-</table>
-{% endfor %}
-</div>
-{% if images %}
-<h2>Figures</h2>
-{% for caption, url in images.items() %}
-<figure><img src="{{ url }}" alt="{{ caption }}"><figcaption>{{ caption }}</figcaption></figure>
-{% endfor %}
-{% endif %}
-<h2>Cases: {{ shown }}, {{ order }} ({{ cases|length }} shown)</h2>
-{% for case in cases %}
-<section class="case {{ case.status }}" id="case-{{ case.number }}">
-<h3>Case {{ case.number }} <small>{{ case.meta }}</small></h3>
-{# one line: the page shows the context's own newlines (white-space: pre-wrap) #}
-<div class="context">{{ case.before }}<mark title="token id {{ case.token_id }}">{{ case.token }}</mark>{{ case.after }}</div>
-<table class="stats">
-<tr><th>{{ case.label }}</th><th>P</th><th>Adv.</th><th>H vs τ_h</th><th>Top-5</th></tr>
-<tr><td><code>{{ case.token }}</code></td>{% for value in case.stats %}<td class="num">{{ value }}</td>{% endfor %}<td>
-{%- for text, is_self in case.alternatives %}{% if not loop.first %} • {% endif %}<span class="alt{% if is_self %} self{% endif %}">{{ text }}</span>{% endfor -%}
-</td></tr>
-</table>
-</section>
-{% else %}
-<p>{{ no_cases }}{% if kept_hint %} {{ kept_hint }}{% endif %}</p>
-{% endfor %}
-</body>
-</html>
-"""
-
-_MARKDOWN = """\
-# {{ title }}
-
-Traced tokens: **{{ totals.silenced }}** silenced and **{{ totals.kept }}** kept candidates over **{{ steps|length }}** step(s) and {{ ranks }} rank(s).
-
-{{ explanation }}
-
-## Counts per step
-
-| step | silenced (traced) | kept (traced) |{% if ratios %} silenced ratio (logged) |{% endif +%}
-|---:|---:|---:|{% if ratios %}---:|{% endif +%}
-{% for step, silenced, kept, ratio in steps %}
-| {{ step }} | {{ silenced }} | {{ kept }} |{% if ratios %} {{ ratio }} |{% endif +%}
-{% endfor %}
-
-## Most frequent tokens
-
-{% for name, counts in tokens.items() %}
-| {{ name }} token | count |
-|---|---:|
-{% for token, count in counts %}
-| {{ token }} | {{ count }} |
-{% else %}
-| none | 0 |
-{% endfor %}
-
-{% endfor %}
-{% if images %}
-## Figures
-
-{% for caption, url in images.items() %}
-![{{ caption }}]({{ url|safe }})
-
-{% endfor %}
-{% endif %}
-## Cases: {{ shown }}, {{ order }} ({{ cases|length }} shown)
-
-{% for case in cases %}
-### Case {{ case.number }} · {{ case.meta }}
-
-{{ case|blockquote }}
-
-| {{ case.label }} | P | Adv. | H vs τ_h | Top-5 |
-|---|---:|---:|---:|---|
-| {{ case.token }} | {{ case.stats[0] }} | {{ case.stats[1] }} | {{ case.stats[2] }} | {{ case.alternatives|map("first")|map("md")|join(" • ")|safe }} |
-
-{% else %}
-{{ no_cases }}{% if kept_hint %} {{ kept_hint }}{% endif +%}
-{% endfor %}
-"""
-
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]|#$~!])")
 
 
@@ -377,12 +246,13 @@ def _md_blockquote(case: Mapping) -> Markup:
     return Markup("\n".join(quoted))
 
 
+_TEMPLATES = jinja2.PackageLoader("stapo_trl.diagnostics", "templates")
 _HTML_TEMPLATE = jinja2.Environment(
-    autoescape=True, trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True
-).from_string(_HTML)
-_MARKDOWN_ENVIRONMENT = jinja2.Environment(trim_blocks=True, lstrip_blocks=True, finalize=md_escape)
+    loader=_TEMPLATES, autoescape=True, trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True
+).get_template("report.html.j2")
+_MARKDOWN_ENVIRONMENT = jinja2.Environment(loader=_TEMPLATES, trim_blocks=True, lstrip_blocks=True, finalize=md_escape)
 _MARKDOWN_ENVIRONMENT.filters.update(md=md_escape, blockquote=_md_blockquote)
-_MARKDOWN_TEMPLATE = _MARKDOWN_ENVIRONMENT.from_string(_MARKDOWN)
+_MARKDOWN_TEMPLATE = _MARKDOWN_ENVIRONMENT.get_template("report.md.j2")
 
 
 def _render(template, trace, *, title, status, sort, max_cases, top_tokens, log_history, images) -> str:
@@ -505,117 +375,3 @@ def write_report(
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(text, encoding="utf-8")
     return output
-
-
-# ---------------------------------------------------------------------------------------------- command line
-
-
-def _add(parser: argparse.ArgumentParser, name: str, **kwargs) -> None:
-    """An option spelled with underscores (as in the configs) and with hyphens."""
-    flags = [f"--{name}"] + ([f"--{name.replace('_', '-')}"] if "_" in name else [])
-    parser.add_argument(*flags, dest=name, **kwargs)
-
-
-def _named_run(text: str) -> tuple[str | None, str]:
-    """`NAME=RUN_DIR` -> (NAME, RUN_DIR); an existing path (even with "=" in it) or a plain path -> (None, path)."""
-    if "=" in text and not os.path.exists(text):
-        name, path = text.split("=", 1)
-        if name and path:
-            return name, path
-    return None, text
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="stapo-report",
-        description="See the spurious tokens of STAPO runs: trace reports, word clouds and training curves.",
-        epilog="Without a subcommand, the arguments are those of `report`.",
-    )
-    commands = parser.add_subparsers(dest="command", metavar="{report,plots,word_clouds}")
-
-    report = commands.add_parser(
-        "report", help="render a run's spurious-token trace as an HTML or Markdown page (the default command)",
-        description="Render <RUN_DIR>/spurious_trace/rank-*.jsonl (written with STAPOConfig(spurious_trace=True)) "
-        "as an HTML or Markdown page in the layout of the paper's Appendix 11.4.",
-    )  # fmt: skip
-    report.add_argument("run_dir", help="the run's output directory (or its spurious_trace/ folder, or a trace file)")
-    _add(report, "format", choices=FORMATS, default=None, help="default: from --output's suffix, else html")
-    _add(report, "output", default=None, help="report file (default: <RUN_DIR>/spurious_report.html or .md)")
-    _add(report, "max_cases", type=int, default=50, help="cases shown (default: 50; -1 for all)")
-    _add(report, "status", choices=(*STATUSES, "all"), default="silenced", help="cases (default: silenced)")
-    _add(report, "sort", choices=SORTS, default="probability",
-         help="case order: lowest probability first (default) or by step")  # fmt: skip
-    _add(report, "top_tokens", type=int, default=20, help="rows of the most-frequent-token tables (default: 20)")
-    _add(report, "title", default=None, help="page title (default: 'Spurious tokens: <run name>')")
-    _add(report, "word_clouds", action="store_true", help="also draw the word clouds and show them in the report")
-    _add(report, "plots", action="store_true", help="also plot the run's training curves and show them in the report")
-
-    plots = commands.add_parser(
-        "plots", help="plot the training curves of one or several runs, overlaid (one PNG per quantity)",
-        description="Plot reward, entropy, silenced and candidate ratios, entropy quantiles, completion length and "
-        "eval/... metrics from each run's trainer_state.json, the runs overlaid.",
-    )  # fmt: skip
-    plots.add_argument("runs", nargs="+", metavar="RUN", help="a run directory, or NAME=RUN_DIR to name it in legends")
-    _add(plots, "output", required=True, help="folder for the PNG files")
-    _add(plots, "metric", action="append", default=[], help="another log key to plot (repeatable), e.g. kl")
-    _add(plots, "smoothing", type=float, default=0.0, help="exponential moving average in [0, 1) (default: 0)")
-
-    clouds = commands.add_parser(
-        "word_clouds", help="word clouds of the silenced vs kept low-probability tokens of a trace (Fig. 9)"
-    )
-    clouds.add_argument("run_dir", help="the run's output directory (or its spurious_trace/ folder, or a trace file)")
-    _add(clouds, "output", default=None, help="folder for the PNG files (default: <RUN_DIR>/word_clouds)")
-    _add(clouds, "random_state", type=int, default=0, help="layout seed (default: 0)")
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] not in COMMANDS and argv[0] not in ("-h", "--help"):
-        argv.insert(0, "report")
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command is None:
-        parser.print_help()
-        return 2
-    try:
-        for path in _run(args):
-            print(path)
-    except (FileNotFoundError, ImportError, ValueError, json.JSONDecodeError) as error:
-        parser.exit(1, f"stapo-report: error: {error}\n")
-    return 0
-
-
-def _run(args) -> list:
-    # Imported here: the plots and word clouds (and matplotlib / wordcloud inside them) load only when used.
-    if args.command == "report":
-        max_cases = None if args.max_cases < 0 else args.max_cases
-        return [
-            write_report(
-                args.run_dir, args.output, fmt=args.format, status=args.status, sort=args.sort, max_cases=max_cases,
-                top_tokens=args.top_tokens, word_clouds=args.word_clouds, plots=args.plots, title=args.title,
-            )
-        ]  # fmt: skip
-    if args.command == "plots":
-        from .plots import plot_runs, run_names
-
-        named = [_named_run(run) for run in args.runs]
-        unnamed = run_names([path for name, path in named if name is None])
-        runs, unnamed_names = {}, iter(unnamed)
-        for name, path in named:  # keep the command line's order in the legends
-            runs[name if name is not None else next(unnamed_names)] = path
-        written = plot_runs(runs, args.output, extra_metrics=args.metric, smoothing=args.smoothing)
-        if not written:
-            raise ValueError("none of the runs logged any of the plotted quantities.")
-        return written
-    from .word_clouds import word_clouds
-
-    output = args.output or os.path.join(run_root(args.run_dir), "word_clouds")
-    written = word_clouds(args.run_dir, output, random_state=args.random_state)
-    if not written:
-        raise ValueError(f"the trace of {args.run_dir} has no tokens to draw.")
-    return list(written.values())
-
-
-if __name__ == "__main__":
-    sys.exit(main())

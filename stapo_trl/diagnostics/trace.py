@@ -7,7 +7,10 @@ Opt in with `STAPOConfig(spurious_trace=True)`. Every process appends to its own
     from 0: several share a step under gradient accumulation), rank, status ("silenced" | "kept"), sample (row of the
     micro-batch), position (index in the completion),
     token_id, token, probability, entropy, advantage, entropy_threshold, context_before, context_after,
-    top_alternatives ([{"token", "token_id", "probability"}, ...], the policy's top-k at that position)
+    top_alternatives ([{"token", "token_id", "probability"}, ...], the policy's top-k at that position),
+    gradient_norm (|Â| ‖∇_a log π(y)‖, the norm of the token's gradient with respect to its logits at importance
+    weight 1), entropy_change (the first-order entropy change at its position per unit step of that gradient;
+    `stapo_trl.mechanism`)
 
 Per micro-batch at most `spurious_trace_max_silenced` silenced tokens and `spurious_trace_max_kept` kept candidates
 are written (a random sample when there are more), so a trace grows by a bounded amount per step. The top-k
@@ -71,11 +74,18 @@ class SpuriousTokenTracer:
         traced = [("silenced", p) for p in self._sample(silenced, self.max_silenced)]
         traced += [("kept", p) for p in self._sample(candidates & ~silenced, self.max_kept)]
         rows = sorted({int(position[0]) for _, position in traced}) or [0]
-        top_probabilities, top_ids = self._top_alternatives(model, inputs, rows)
+        top_probabilities, top_ids, collision, collision_log = self._top_alternatives(model, inputs, rows)
         if not traced:
             return
+        from ..mechanism import first_order_entropy_change, logit_gradient_norm
+
         completion_ids = inputs["completion_ids"]
         advantages = advantages.expand_as(per_token_logps)
+        logps, row_advantages = per_token_logps[rows].float().cpu(), advantages[rows].float().cpu()
+        gradient_norms = row_advantages.abs() * logit_gradient_norm(logps, collision)
+        entropy_changes = first_order_entropy_change(
+            logps, entropies[rows].float().cpu(), collision, collision_log, row_advantages
+        )
         threshold = float(threshold)
         with open(self.path, "a") as trace_file:
             for status, (row, column) in traced:
@@ -105,11 +115,13 @@ class SpuriousTokenTracer:
                             strict=True,
                         )
                     ],
+                    "gradient_norm": float(gradient_norms[rows.index(row), column]),
+                    "entropy_change": float(entropy_changes[rows.index(row), column]),
                 }
                 trace_file.write(json.dumps(record, ensure_ascii=False) + "\n")
 
     def _top_alternatives(self, model, inputs, rows):
-        """Top-k probabilities and token ids at every completion position of the given rows."""
+        """Top-k probabilities and token ids, Σ π² and Σ π² ln π at every completion position of the given rows."""
         import torch
 
         prompt_ids, completion_ids = inputs["prompt_ids"][rows], inputs["completion_ids"][rows]
@@ -118,9 +130,11 @@ class SpuriousTokenTracer:
         with torch.no_grad():
             logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
         # Position t - 1 predicts completion token t; the policy samples (and the loss scores) at the temperature.
-        logits = logits[:, prompt_ids.size(1) - 1 : -1].float() / self.temperature
-        probabilities, token_ids = logits.softmax(-1).topk(self.top_k, dim=-1)
-        return probabilities.cpu(), token_ids.cpu()
+        log_probs = (logits[:, prompt_ids.size(1) - 1 : -1].float() / self.temperature).log_softmax(-1)
+        probabilities, token_ids = log_probs.exp().topk(self.top_k, dim=-1)
+        squared = (2 * log_probs).exp()
+        collision, collision_log = squared.sum(-1), (squared * log_probs).sum(-1)
+        return probabilities.cpu(), token_ids.cpu(), collision.cpu(), collision_log.cpu()
 
 
 # ------------------------------------------------------------------------------------------------------- reading
