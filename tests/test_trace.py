@@ -71,7 +71,7 @@ def test_no_trace_directory_when_off(tokenizer, prompt_dataset, tmp_path):
 
 def test_a_traced_run_that_traced_nothing_has_an_empty_trace(tmp_path, tokenizer):
     """The report then says there are no cases, instead of "No trace" for a run that had the trace on."""
-    from stapo_trl.diagnostics.report import main
+    from stapo_trl.diagnostics.report_cli import main
     from stapo_trl.diagnostics.trace import SpuriousTokenTracer, load_trace
 
     SpuriousTokenTracer(str(tmp_path), 0, tokenizer)
