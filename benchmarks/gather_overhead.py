@@ -67,7 +67,7 @@ def main(argv=None):
             f"gather_overhead.py needs >= 2 processes, got {world}: launch it with "
             "`accelerate launch --multi_gpu --num_processes 2 ...` (ACCELERATE_USE_CPU=true on a CPU)."
         )
-    trainer = stub_trainer(accelerator)
+    trainer = stub_trainer(accelerator, STAPOTrainer)
     trainer._gather_entropies = STAPOTrainer._gather_entropies.__get__(trainer)
 
     def timed(fn):

@@ -74,8 +74,8 @@ def synthetic_batch(batch, length, candidate_rate, num_generations, device, dtyp
     return {key: value.to(device) for key, value in tensors.items()}
 
 
-def stub_trainer(accelerator):
-    """What `STAPOTrainer._spurious_mask_and_log` reads from `self`, and nothing else."""
+def stub_trainer(accelerator, trainer_class):
+    """What `STAPOTrainer._spurious_mask_and_log` reads from `self` for one decision per step, and nothing else."""
     return types.SimpleNamespace(
         args=types.SimpleNamespace(
             spurious_mask_mode="low_entropy",
@@ -87,6 +87,8 @@ def stub_trainer(accelerator):
         _metrics={"train": collections.defaultdict(list), "eval": collections.defaultdict(list)},
         _tracer=None,
         _random_mask_generator=None,
+        current_gradient_accumulation_steps=1,
+        _log_decision=trainer_class._log_decision,
     )
 
 
@@ -115,7 +117,7 @@ def main(argv=None):
     from stapo_trl.trainer import STAPOTrainer
 
     accelerator = Accelerator(cpu=device.type == "cpu")
-    trainer = stub_trainer(accelerator)
+    trainer = stub_trainer(accelerator, STAPOTrainer)
 
     rows = []
     for shape in args.shapes.split(","):

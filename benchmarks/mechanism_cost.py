@@ -107,7 +107,7 @@ def run_size(args, size, tokenizer, device, dtype) -> list:
         for trainer in trainers.values():
             trainer.benchmark_generation_batch = batch
             trainer.args.spurious_prob_threshold = tau_p
-        cycles = {variant: make_cycle(trainer, 1) for variant, trainer in trainers.items()}
+        cycles = {variant: make_cycle(trainer, 1, device) for variant, trainer in trainers.items()}
         spans = time_calls(trainers["on"], "_record_step_diagnostics", device)
 
         original_generation = GRPOTrainer._generate_and_score_completions
