@@ -41,19 +41,11 @@ import ast
 import json
 from typing import Any
 
-from stapo_trl.code.reward import CodeTests, Harness, bind_solution_method, stdin_driver
+from stapo_trl.code.reward import APPS_IMPORTS, CodeTests, Harness, bind_solution_method, stdin_driver
 
 
 #: PRIME's import block, verbatim (``testing_util.run_test``).
-PREAMBLE = (
-    "from string import *\nfrom re import *\nfrom datetime import *\nfrom collections import *\nfrom heapq import *\n"
-    "from bisect import *\nfrom copy import *\nfrom math import *\nfrom random import *\nfrom statistics import *\n"
-    "from itertools import *\nfrom functools import *\nfrom operator import *\nfrom io import *\nfrom sys import *\n"
-    "from json import *\nfrom builtins import *\nfrom typing import *\nimport string\nimport re\nimport datetime\n"
-    "import collections\nimport heapq\nimport bisect\nimport copy\nimport math\nimport random\nimport statistics\n"
-    "import itertools\nimport functools\nimport operator\nimport io\nimport sys\nimport json\n"
-    "sys.setrecursionlimit(6*10**5)\n"
-)
+PREAMBLE = APPS_IMPORTS + "sys.setrecursionlimit(6*10**5)\n"
 
 # Its reliability_guard: exit and quit are None.
 _GUARD = "import builtins\nbuiltins.exit = builtins.quit = None\n"

@@ -348,6 +348,17 @@ def run_program(
 # replaced by a fresh object over the input, and open made to return the input. SystemExit ends the program
 # normally; print output is captured. The patches are plain assignments here: importing unittest.mock in every
 # test's child would cost more than the test.
+#: The import block PRIME and LiveCodeBench both put before a program (from APPS' harness), verbatim; each adds its
+#: own recursion limit.
+APPS_IMPORTS = (
+    "from string import *\nfrom re import *\nfrom datetime import *\nfrom collections import *\nfrom heapq import *\n"
+    "from bisect import *\nfrom copy import *\nfrom math import *\nfrom random import *\nfrom statistics import *\n"
+    "from itertools import *\nfrom functools import *\nfrom operator import *\nfrom io import *\nfrom sys import *\n"
+    "from json import *\nfrom builtins import *\nfrom typing import *\nimport string\nimport re\nimport datetime\n"
+    "import collections\nimport heapq\nimport bisect\nimport copy\nimport math\nimport random\nimport statistics\n"
+    "import itertools\nimport functools\nimport operator\nimport io\nimport sys\nimport json\n"
+)
+
 _STDIN_DRIVER = """\
 import builtins, io, os, sys, types
 {stdin_class}

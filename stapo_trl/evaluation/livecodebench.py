@@ -29,20 +29,12 @@ import json
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from ..code.reward import CodeTests, Harness, bind_solution_method, run_program, stdin_driver
+from ..code.reward import APPS_IMPORTS, CodeTests, Harness, bind_solution_method, run_program, stdin_driver
 from ..code.sandbox import OK, LocalSandbox
 
 
 #: LiveCodeBench's ``import_string``, verbatim.
-PREAMBLE = (
-    "from string import *\nfrom re import *\nfrom datetime import *\nfrom collections import *\nfrom heapq import *\n"
-    "from bisect import *\nfrom copy import *\nfrom math import *\nfrom random import *\nfrom statistics import *\n"
-    "from itertools import *\nfrom functools import *\nfrom operator import *\nfrom io import *\nfrom sys import *\n"
-    "from json import *\nfrom builtins import *\nfrom typing import *\nimport string\nimport re\nimport datetime\n"
-    "import collections\nimport heapq\nimport bisect\nimport copy\nimport math\nimport random\nimport statistics\n"
-    "import itertools\nimport functools\nimport operator\nimport io\nimport sys\nimport json\n"
-    "sys.setrecursionlimit(50000)\n"
-)
+PREAMBLE = APPS_IMPORTS + "sys.setrecursionlimit(50000)\n"
 
 #: The problems of LiveCodeBench v6: released after release_v5 (to January 2025), up to release_v6 (April 2025), by
 #: ``contest_date``, as ``lcb_runner --start_date 2025-02-01 --end_date 2025-05-01`` selects them (both ends are
