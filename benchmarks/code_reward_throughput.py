@@ -81,9 +81,12 @@ def measure(executor: LocalSandbox, completions: int, tests_each: int, starts: i
             failures[f"{output.status}: {output.detail:.100}"] += output.status != "ok"
             yield output
 
+    executor.close()  # the batch starts its own harness servers, as a trainer's first batch does
     started, cpu_started = time.perf_counter(), cpu_seconds()
     rewards = code_reward(batch, batch_tests, executor=SimpleNamespace(execute=recording), time_budget=float("inf"))
-    seconds, cpu = time.perf_counter() - started, cpu_seconds() - cpu_started
+    seconds = time.perf_counter() - started
+    executor.close()  # its harness servers end, so that their CPU time (and their sandboxes') is counted
+    cpu = cpu_seconds() - cpu_started
     if rewards != [1.0] * completions:
         raise SystemExit(f"{rewards.count(-1.0)} of {completions} completions failed: {dict(+failures)}")
     return {

@@ -40,25 +40,41 @@ NAMESPACES = namespaces_available()
 needs_namespaces = pytest.mark.skipif(not NAMESPACES, reason="this kernel refuses unprivileged namespaces")
 
 
-def harness_processes(marker: str) -> list[int]:
-    """The processes running the sandbox harness on a job under `marker` (forked children keep its command line)."""
-    found = []
+def harness_processes() -> dict[int, int]:
+    """The processes running this checkout's sandbox harness, as {pid: parent's pid}: the servers, and their jobs'
+    processes (forked children keep the server's command line)."""
+    found = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
                 command_line = (entry / "cmdline").read_bytes()
-            except OSError:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
                 continue
-            if str(HARNESS).encode() in command_line and marker.encode() in command_line:
-                found.append(int(entry.name))
+            if str(HARNESS).encode() in command_line:
+                found[int(entry.name)] = parent
     return found
 
 
-def assert_nothing_left_running(marker: str):
+def descendants(root: int) -> set[int]:
+    """The harness processes `root` started and those they started, at any depth."""
+    processes, found, parents = harness_processes(), set(), {root}
+    while parents:
+        parents = {pid for pid, parent in processes.items() if parent in parents} - found
+        found |= parents
+    return found
+
+
+def assert_nothing_left_running():
+    """Every harness process left is an idle server of this process: no job's process, nor another trainer's."""
+
+    def left_running():
+        return {pid for pid, parent in harness_processes().items() if parent != os.getpid()}
+
     deadline = time.monotonic() + 5
-    while harness_processes(marker) and time.monotonic() < deadline:
+    while left_running() and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert harness_processes(marker) == []
+    assert left_running() == set()
 
 
 def run(program: str, sandbox: LocalSandbox | None = None, timeout: float = 2.0) -> tuple[list[Output], float]:
@@ -81,7 +97,7 @@ def sandbox_dir(tmp_path, monkeypatch):
     directory.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(directory))
     yield directory
-    assert_nothing_left_running(str(directory))
+    assert_nothing_left_running()
     assert_process_healthy()
     assert list(directory.iterdir()) == []  # every working directory was deleted
 
@@ -135,7 +151,7 @@ def test_sleeping_and_detached_processes_are_killed(isolate):
     for name in ("sleep_forever", "detached_sleeper"):
         outputs, _ = run(code_programs.HOSTILE[name], LocalSandbox(isolate=isolate), timeout=1.0)
         assert outputs[0].status in ("timeout", "ok")
-        assert_nothing_left_running(tempfile.gettempdir())
+        assert_nothing_left_running()
 
 
 @needs_namespaces
@@ -250,15 +266,19 @@ def test_the_sandbox_dies_with_the_trainer_and_leaves_no_directory(sandbox_dir):
     trainer = subprocess.Popen([sys.executable, "-c", trainer_code], start_new_session=True)
     try:
         deadline = time.monotonic() + 60
-        # Three with namespaces (the harness, the namespace's first process, the program), two without.
-        expected = 3 if NAMESPACES else 2
-        while len(harness_processes(str(sandbox_dir))) < expected and time.monotonic() < deadline:
+        # Four with namespaces (the server, the job, the namespace's first process, the program), three without.
+        expected = 4 if NAMESPACES else 3
+        while len(descendants(trainer.pid)) < expected and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert len(harness_processes(str(sandbox_dir))) == expected, "the program did not start"
+        sandbox = descendants(trainer.pid)
+        assert len(sandbox) == expected, "the program did not start"
     finally:
         os.killpg(trainer.pid, signal.SIGKILL)  # the trainer's group only: the sandbox has its own session
         trainer.wait()
-    assert_nothing_left_running(str(sandbox_dir))
+    deadline = time.monotonic() + 5
+    while sandbox & harness_processes().keys() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sandbox & harness_processes().keys() == set()
     if not NAMESPACES:  # the program's working directory is then on the host, and nobody is left to delete it
         for leftover in sandbox_dir.iterdir():
             shutil.rmtree(leftover)

@@ -4,7 +4,8 @@ An executor runs one `Job` (a program and its inputs) and yields one `Output` pe
 after the first output that is not ``"ok"``. It never sees the expected outputs: comparing is the caller's job
 (`stapo_trl.code.reward`), so a program cannot learn them or influence the verdict other than by its output.
 
-`LocalSandbox` runs each job in a fresh bounded process (`stapo_trl.processes`) running `sandbox_harness.py`:
+`LocalSandbox` runs each job in a fresh bounded process, forked by a server that runs `sandbox_harness.py` (one per
+judging thread, started once: `_Server`), so a job costs a fork rather than an interpreter start. The job's process has
 new user, mount, network and PID namespaces where the kernel allows them, a root directory that holds only the
 interpreter, its libraries, the standard library and the allowed packages (read-only) and a private tmpfs, no
 network, one memory bound for the whole program, a forked child per input, and the whole process group killed at
@@ -30,6 +31,7 @@ import logging
 import os
 import selectors
 import shutil
+import socket
 import stat
 import struct
 import subprocess
@@ -37,6 +39,7 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -161,6 +164,8 @@ class LocalSandbox:
         self.isolate = isolate
         self._warned = False
         self._lock = threading.Lock()
+        self._servers: list[_Server] = []  # idle ones; each serves one job at a time
+        weakref.finalize(self, _stop_servers, self._servers)
 
     def isolation(self) -> dict[str, Any]:
         """Run an empty program and return ``{"protections": [...], "missing": {name: reason}}`` on this machine.
@@ -175,15 +180,20 @@ class LocalSandbox:
     def execute(self, job: Job) -> Iterator[Output]:
         return self._run(job, {})
 
+    def close(self) -> None:
+        """Stop the idle harness servers (see `_Server`); the next job starts a new one. Garbage collection and the
+        end of this process stop them too."""
+        with self._lock:
+            _stop_servers(self._servers)
+
     def _run(self, job: Job, report: dict) -> Iterator[Output]:
         view, sys_path = _view(self.packages)
         workdir = tempfile.mkdtemp(prefix="stapo-sandbox-")
         cgroup, cgroup_missing = _new_memory_cgroup(self.memory_bytes)
         processes_each = self.max_processes if cgroup else min(self.max_processes, PROCESSES_WITHOUT_CGROUP)
-        process = None
+        server = results = None
         try:
-            job_file = Path(workdir) / "job.json"
-            job_file.write_text(
+            Path(workdir, "job.json").write_text(
                 json.dumps(
                     {
                         "program": job.program,
@@ -199,8 +209,6 @@ class LocalSandbox:
                         "memory_bytes": self.memory_bytes,
                         "memory_cgroup": cgroup,
                         "memory_cgroup_missing": cgroup_missing,
-                        "package_root": _PACKAGE_ROOT,
-                        "parent_pid": os.getpid(),
                         "limits": {  # CPU: every input's allowance (each input's child has its own, smaller limit)
                             "cpu_seconds": int(len(job.inputs) * (job.timeout + 1)) + 10,
                             "memory_bytes": self.memory_bytes if cgroup else self.memory_bytes // processes_each,
@@ -210,22 +218,13 @@ class LocalSandbox:
                     }
                 )
             )
-            # The harness bounds itself first (`processes.bound_self`), so no launcher runs before it; -S skips site
-            # initialisation, a third of a start's CPU time.
-            process = processes.popen(
-                processes.python_command("-S", str(HARNESS), str(job_file)),
-                cwd=workdir,
-                env=_program_env(workdir),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
-                binds_itself=True,
-            )
+            server, results = self._start_job(workdir)
             deadline = time.monotonic() + STARTUP_SECONDS + len(job.inputs) * (job.timeout + 1.0)
-            frames = _frames(process.stdout, deadline)
+            frames = _frames(results, deadline) if results is not None else iter(())
             header = next(frames, None)
             if not isinstance(header, dict) or "protections" not in header:
                 reason = header.get("error") if isinstance(header, dict) else None
-                reason = reason or f"the sandbox did not start (exit code {process.poll()})"
+                reason = reason or f"the sandbox did not start (exit code {server.process.poll()})"
                 report.update(protections=[], missing={"sandbox": reason})
                 yield Output(SANDBOX_ERROR, detail=reason)
                 return
@@ -243,13 +242,38 @@ class LocalSandbox:
                 detail = "no result before the deadline" if timed_out else "the sandbox ended early"
                 yield Output(TIMEOUT if timed_out else SANDBOX_ERROR, detail=detail)
         finally:
-            if process is not None:
-                processes.kill_group(process)
-                process.stdout.close()
+            if results is not None:
+                os.close(results)
+            if server is not None:
+                if server.end_job():
+                    with self._lock:
+                        self._servers.append(server)
+                else:
+                    server.stop()
             if cgroup:
                 _remove_cgroup(cgroup)
             if os.path.lexists(workdir):  # with namespaces the harness removed it already
                 _remove_tree(workdir)
+
+    def _start_job(self, workdir: str) -> tuple[_Server, int | None]:
+        """Hand the job in `workdir` to an idle server (a new one if none is idle, or the idle one has died).
+
+        Returns the server and the read end of the job's results, ``None`` where no server could take it.
+        """
+        server = None
+        with self._lock:
+            while self._servers and server is None:
+                server = self._servers.pop()
+                if server.owner != os.getpid():  # a forked parent's, which keeps serving the parent
+                    server.control.close()
+                    server = None
+        for attempt in range(2):
+            server = server or _Server()
+            results = server.start_job(workdir)
+            if results is not None or attempt == 1:
+                return server, results
+            server.stop()
+            server = None
 
     def _warn_once(self, missing: dict) -> None:
         with self._lock:
@@ -261,13 +285,65 @@ class LocalSandbox:
                 )
 
 
-def _program_env(workdir: str) -> dict[str, str]:
-    """Nothing of the trainer's environment: a default PATH, a locale, the working directory, one thread each."""
-    single_thread = {name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
-    return processes.scrubbed_env(HOME=workdir, TMPDIR=workdir, PYTHONHASHSEED="0", **single_thread)
+class _Server:
+    """The harness started in serving mode: it forks one sandbox per job (see `sandbox_harness.serve`).
+
+    One interpreter start and one round of imports serve all the jobs of a thread, instead of one per job. Its
+    environment holds nothing of the trainer's: a default PATH, a locale, one thread each (each job then sets its
+    working directory as HOME and TMPDIR).
+    """
+
+    def __init__(self):
+        self.owner = os.getpid()
+        self.control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.control.settimeout(STARTUP_SECONDS)
+        single_thread = {name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
+        try:
+            # The harness bounds itself first (`processes.bound_self`), so no launcher runs before it; -S skips site
+            # initialisation, a third of a start's CPU time.
+            self.process = processes.popen(
+                processes.python_command("-S", str(HARNESS), _PACKAGE_ROOT, str(os.getpid())),
+                env=processes.scrubbed_env(PYTHONHASHSEED="0", **single_thread),
+                stdin=theirs,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                binds_itself=True,
+            )
+        finally:
+            theirs.close()
+
+    def start_job(self, workdir: str) -> int | None:
+        """Start the job in `workdir`; return the read end of the pipe its results come on, None if this has died."""
+        results, results_for_job = os.pipe()
+        try:
+            socket.send_fds(self.control, [os.fsencode(workdir)], [results_for_job])
+        except OSError:
+            os.close(results)
+            return None
+        finally:
+            os.close(results_for_job)
+        return results
+
+    def end_job(self) -> bool:
+        """Kill what is left of the job and wait until its processes are reaped; False if this failed to serve."""
+        try:
+            self.control.send(b"end")
+            return self.control.recv(16) == b"reaped"
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        self.control.close()  # the server exits when it reads the end of the socket
+        processes.kill_group(self.process)
 
 
-def _frames(stream, deadline: float) -> Iterator[Any]:
+def _stop_servers(servers: list[_Server]) -> None:
+    for server in servers:
+        server.stop()
+    servers.clear()
+
+
+def _frames(results: int, deadline: float) -> Iterator[Any]:
     """The harness's JSON lines as they come, until it ends or the deadline passes; a broken line ends them.
 
     A line is searched for its end only in what arrived since the last search, and a line that fills the buffer (as
@@ -276,7 +352,7 @@ def _frames(stream, deadline: float) -> Iterator[Any]:
     buffer = bytearray()
     searched = 0
     with selectors.DefaultSelector() as selector:
-        selector.register(stream, selectors.EVENT_READ)
+        selector.register(results, selectors.EVENT_READ)
         while True:
             end = buffer.find(b"\n", searched)
             while end >= 0:
@@ -295,7 +371,7 @@ def _frames(stream, deadline: float) -> Iterator[Any]:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not selector.select(remaining):
                 return
-            chunk = os.read(stream.fileno(), 1 << 20)
+            chunk = os.read(results, 1 << 20)
             if not chunk:
                 return
             buffer += chunk

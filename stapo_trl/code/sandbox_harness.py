@@ -1,9 +1,12 @@
 """The program that runs inside the sandbox: isolates itself, then runs one untrusted program on each input.
 
-`stapo_trl.code.sandbox.LocalSandbox` starts it as ``python -I -S sandbox_harness.py JOB_FILE`` in a new session
-whose working directory is the program's temporary directory; it first bounds itself (`stapo_trl.processes.bound_self`:
-death with the trainer, resource limits). Besides that module and `stapo_trl.code.values` (how return values are
-written) it imports the standard library only. Everything it prints on its standard output is one JSON object per line:
+`stapo_trl.code.sandbox.LocalSandbox` starts it once per judging thread as a server (`serve`:
+``python -I -S sandbox_harness.py PACKAGE_ROOT TRAINER_PID``, its standard input a socket to the trainer), which
+imports what programs use and then forks one child per job (`run_job`), so a job costs a fork, not an interpreter
+start. Each job child first bounds itself (`stapo_trl.processes.bound_self`: death with the server, which dies with
+the trainer; the job's resource limits). Besides that module and `stapo_trl.code.values` (how return values are
+written) it imports the standard library only. Everything a job writes on its standard output (a pipe the trainer
+reads) is one JSON object per line:
 
 - first ``{"protections": [...], "missing": {name: reason}}``: the isolation that is in place (or ``{"error": ...}``
   when the namespaces exist but the program's filesystem cannot be built: then no program runs);
@@ -24,7 +27,7 @@ Isolation, each step measured and reported rather than assumed:
    ``pid_max`` (Linux >= 6.14; it binds root too), and `max_processes` by RLIMIT_NPROC.
 5. The untrusted code runs in a forked child per input, without capabilities (none to regain by exec) and without
    ``memfd_create`` (seccomp), under CPU and output limits; after each input every other process of the PID
-   namespace is killed. When this harness dies, the kernel kills the whole namespace.
+   namespace is killed. When the job's child dies, the kernel kills the whole namespace.
 """
 
 import ctypes
@@ -35,6 +38,7 @@ import os
 import resource
 import selectors
 import signal
+import socket
 import sys
 import time
 import traceback
@@ -495,19 +499,67 @@ def _bound_memory(job: dict) -> tuple[list[str], dict[str, str]]:
     return protections, missing
 
 
-def main() -> None:
-    job_file = sys.argv[1]
-    with open(job_file) as file:
-        job = json.load(file)
-    os.unlink(job_file)  # before any untrusted code: the inputs stay in memory only
-    sys.path.append(job["package_root"])
-    from stapo_trl.code.values import encode
-    from stapo_trl.processes import Limits, bound_self
+def serve(trainer_pid: int) -> None:
+    """Fork one sandbox per job the trainer sends, until it closes the control socket (standard input).
 
+    Started once per judging thread, this process pays the interpreter's start and the imports once, not per job.
+    A message is a job's working directory (holding ``job.json``) with the write end of a pipe for its results; the
+    job runs in a forked child (`run_job`). The next message, ``end``, kills the job's process group and reaps it,
+    answered by ``reaped``: the job's processes are gone then (a PID namespace's last ones may still be exiting).
+    """
+    bound_self(trainer_pid, Limits())  # dies with the trainer; each job gets its limits in its own child
+    for name in _PRELOADED:
+        __import__(name)
+    gc.freeze()  # the children's garbage collector then leaves these objects (and their shared pages) alone
+    control = socket.socket(fileno=0)
+    own_pid = os.getpid()
+    while True:
+        try:
+            message, descriptors, _, _ = socket.recv_fds(control, 1 << 16, 1)
+        except OSError:
+            os._exit(0)
+        if not message or len(descriptors) != 1:
+            os._exit(0)  # the trainer closed the socket (or broke the protocol): no job is running
+        workdir = message.decode()
+        pid = os.fork()
+        if pid == 0:
+            control.detach()  # descriptor 0 becomes /dev/null below: no job reaches the control socket
+            devnull = os.open(os.devnull, os.O_RDWR)
+            os.dup2(devnull, 0)
+            os.dup2(descriptors[0], 1)
+            os.dup2(devnull, 2)
+            os.closerange(3, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+            os.setsid()
+            try:
+                os.chdir(workdir)
+                run_job(own_pid)
+            finally:
+                os._exit(1)  # never back into this loop
+        os.close(descriptors[0])
+        try:
+            ended = control.recv(16) == b"end"
+        except OSError:
+            ended = False
+        for kill in (os.killpg, os.kill):  # the group, or the child itself before it made its group
+            try:
+                kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        os.waitpid(pid, 0)
+        if not ended:
+            os._exit(0)
+        control.send(b"reaped")
+
+
+def run_job(server_pid: int) -> None:
+    """The forked child of `serve`: read the job, bound and isolate itself, run the program on each input; exit."""
+    with open("job.json") as file:
+        job = json.load(file)
+    os.unlink("job.json")  # before any untrusted code: the inputs stay in memory only
     job["encode"] = encode  # return values keep their Python types across the wall (see that module)
-    sys.path.remove(job["package_root"])
-    bound_self(job["parent_pid"], Limits(**job["limits"]))  # the death signal and limits `popen` would have set
+    bound_self(server_pid, Limits(**job["limits"]))  # dies with the server, under this job's limits
     sys.path.extend(job["sys_path"])  # started with -S: the allowed packages, without running .pth files
+    os.environ.update(HOME=os.getcwd(), TMPDIR=os.getcwd())
     protections, missing = _bound_memory(job)
     if job["isolate"]:
         try:
@@ -534,9 +586,6 @@ def main() -> None:
         out.write(json.dumps({"status": "error", "output": "", "detail": detail}) + "\n")
         out.flush()
         os._exit(0)
-    for name in _PRELOADED:
-        __import__(name)
-    gc.freeze()  # the children's garbage collector then leaves these objects (and their shared pages) alone
     for value in job["inputs"]:
         frame = _run_input(job, value, in_pid_namespace)
         out.write(json.dumps(frame, ensure_ascii=False) + "\n")  # U+FFFD: 3 bytes, not 6
@@ -546,5 +595,10 @@ def main() -> None:
     os._exit(0)
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # python -I -S sandbox_harness.py PACKAGE_ROOT TRAINER_PID
+    sys.path.append(sys.argv[1])
+    from stapo_trl.code.values import encode
+    from stapo_trl.processes import Limits, bound_self
+
+    sys.path.remove(sys.argv[1])
+    serve(int(sys.argv[2]))
