@@ -131,6 +131,57 @@ def test_each_input_starts_from_a_fresh_process():
     assert [output.value for output in outputs] == ["False\n", "False\n"]
 
 
+def server_pids(sandbox: LocalSandbox) -> list[int]:
+    """The pids of `sandbox`'s idle harness servers."""
+    return [server.process.pid for server in sandbox._servers]
+
+
+@pytest.mark.parametrize("isolate", [True, False], ids=["namespaces", "limits_only"])
+def test_each_job_starts_from_the_servers_state_not_the_last_jobs(isolate):
+    """One server forks every job of a thread: what a program changes in its process reaches no later job."""
+    sandbox = LocalSandbox(isolate=isolate)
+    tamper = (
+        "import builtins, json, os\nbuiltins.seen = True\njson.dumps = None\nos.environ['SEEN'] = '1'\nprint('done')\n"
+    )
+    check = "import builtins, json, os\nprint(hasattr(builtins, 'seen'), json.dumps([1]), os.environ.get('SEEN'))\n"
+    assert list(sandbox.execute(Job(tamper, [""]))) == [Output("ok", "done\n")]
+    first_server = server_pids(sandbox)
+    assert list(sandbox.execute(Job(check, [""]))) == [Output("ok", "False [1] None\n")]
+    assert server_pids(sandbox) == first_server and len(first_server) == 1  # the same server ran both
+
+
+def test_a_dead_server_is_replaced():
+    sandbox = LocalSandbox()
+    list(sandbox.execute(Job("print(1)", [""])))
+    (dead,) = server_pids(sandbox)
+    os.kill(dead, signal.SIGKILL)
+    assert list(sandbox.execute(Job("print(2)", [""]))) == [Output("ok", "2\n")]
+    assert server_pids(sandbox) != [dead]
+
+
+def test_close_stops_the_servers():
+    sandbox = LocalSandbox()
+    list(sandbox.execute(Job("print(1)", [""])))
+    servers = set(server_pids(sandbox))
+    sandbox.close()
+    assert servers and servers & harness_processes().keys() == set()
+    assert list(sandbox.execute(Job("print(2)", [""]))) == [Output("ok", "2\n")]  # a new one serves the next job
+
+
+@pytest.mark.parametrize("isolate", [True, False], ids=["namespaces", "limits_only"])
+def test_a_program_has_no_capabilities_no_new_privileges_and_a_seccomp_filter(isolate):
+    """The kernel's own account of the program's process (/proc/self/status)."""
+    program = "print(open('/proc/self/status').read())"
+    (output,) = LocalSandbox(isolate=isolate).execute(Job(program, [""]))
+    status = dict(line.split(":\t", 1) for line in output.value.splitlines() if ":\t" in line)
+    for capabilities in ("CapInh", "CapPrm", "CapEff", "CapAmb"):
+        assert int(status[capabilities], 16) == 0, capabilities
+    if isolate and NAMESPACES or os.getuid() == 0:  # an ordinary user outside a namespace cannot drop the bounding set
+        assert int(status["CapBnd"], 16) == 0
+    assert status["NoNewPrivs"].strip() == "1"
+    assert status["Seccomp"].strip() == "2"  # filter mode
+
+
 @needs_namespaces
 def test_isolation_report_lists_the_protections():
     report = LocalSandbox().isolation()

@@ -218,10 +218,19 @@ class LocalSandbox:
                     }
                 )
             )
-            server, results = self._start_job(workdir)
             deadline = time.monotonic() + STARTUP_SECONDS + len(job.inputs) * (job.timeout + 1.0)
-            frames = _frames(results, deadline) if results is not None else iter(())
-            header = next(frames, None)
+            for fresh in (False, True):
+                server = (None if fresh else self._idle_server()) or _Server()
+                results = server.start_job(workdir)
+                frames = _frames(results, deadline) if results is not None else iter(())
+                header = next(frames, None)
+                if header is not None or fresh or server.end_job():
+                    break
+                # The server had died before it took the job (killed while idle): a new one takes it.
+                if results is not None:
+                    os.close(results)
+                server.stop()
+                server = results = None
             if not isinstance(header, dict) or "protections" not in header:
                 reason = header.get("error") if isinstance(header, dict) else None
                 reason = reason or f"the sandbox did not start (exit code {server.process.poll()})"
@@ -255,25 +264,14 @@ class LocalSandbox:
             if os.path.lexists(workdir):  # with namespaces the harness removed it already
                 _remove_tree(workdir)
 
-    def _start_job(self, workdir: str) -> tuple[_Server, int | None]:
-        """Hand the job in `workdir` to an idle server (a new one if none is idle, or the idle one has died).
-
-        Returns the server and the read end of the job's results, ``None`` where no server could take it.
-        """
-        server = None
+    def _idle_server(self) -> _Server | None:
         with self._lock:
-            while self._servers and server is None:
+            while self._servers:
                 server = self._servers.pop()
-                if server.owner != os.getpid():  # a forked parent's, which keeps serving the parent
-                    server.control.close()
-                    server = None
-        for attempt in range(2):
-            server = server or _Server()
-            results = server.start_job(workdir)
-            if results is not None or attempt == 1:
-                return server, results
-            server.stop()
-            server = None
+                if server.owner == os.getpid():
+                    return server
+                server.control.close()  # a forked parent's, which keeps serving the parent
+        return None
 
     def _warn_once(self, missing: dict) -> None:
         with self._lock:
@@ -295,6 +293,7 @@ class _Server:
 
     def __init__(self):
         self.owner = os.getpid()
+        self.job_running = self.failed = False
         self.control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.control.settimeout(STARTUP_SECONDS)
         single_thread = {name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
@@ -318,19 +317,24 @@ class _Server:
         try:
             socket.send_fds(self.control, [os.fsencode(workdir)], [results_for_job])
         except OSError:
+            self.failed = True
             os.close(results)
             return None
         finally:
             os.close(results_for_job)
+        self.job_running = True
         return results
 
     def end_job(self) -> bool:
-        """Kill what is left of the job and wait until its processes are reaped; False if this failed to serve."""
-        try:
-            self.control.send(b"end")
-            return self.control.recv(16) == b"reaped"
-        except OSError:
-            return False
+        """Kill what is left of the job and wait until its processes are reaped; whether this can take another job."""
+        if self.job_running:
+            self.job_running = False
+            try:
+                self.control.send(b"end")
+                self.failed |= self.control.recv(16) != b"reaped"
+            except OSError:
+                self.failed = True
+        return not self.failed
 
     def stop(self) -> None:
         self.control.close()  # the server exits when it reads the end of the socket

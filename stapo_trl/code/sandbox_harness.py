@@ -131,8 +131,12 @@ class _CapabilityData(ctypes.Structure):
     ]
 
 
-def _drop_capabilities() -> None:
-    """Clear every capability and make sure none comes back: not by exec, not as uid 0, not by a set-uid file."""
+def _lock_capabilities() -> None:
+    """Make sure no capability comes back to this process's children: not by exec, not as uid 0, not by a set-uid file.
+
+    Done once in the process that forks the programs (it never executes another program itself); each program's
+    child then clears its own capabilities (`_confine`).
+    """
     try:
         _prctl(_PR_SET_SECUREBITS, _SECUREBITS_NOROOT_LOCKED)
         for capability in range(64):
@@ -141,16 +145,9 @@ def _drop_capabilities() -> None:
     except OSError:
         pass  # without CAP_SETPCAP (an ordinary user outside a user namespace): there is nothing to regain
 
-    header, data = (
-        _CapabilityHeader(0x20080522, 0),
-        (_CapabilityData * 2)(),
-    )  # version 3, every set empty
-    _check(_libc.capset(ctypes.byref(header), data), "capset")
-    _prctl(_PR_SET_NO_NEW_PRIVS, 1)
 
-
-def _refuse_memfd() -> None:
-    """Install a seccomp filter under which memfd_create and memfd_secret fail with EPERM (x32 calls fail too)."""
+def _memfd_filter() -> "_SockFprog":
+    """A seccomp program under which memfd_create and memfd_secret fail with EPERM (x32 calls fail too)."""
     architecture, refused = _SECCOMP_ARCHITECTURES[os.uname().machine]
     load_word, jump_equal, jump_greater_equal, ret = 0x20, 0x15, 0x35, 0x06
     errno_eperm, allow = 0x00050000 | 1, 0x7FFF0000
@@ -165,8 +162,7 @@ def _refuse_memfd() -> None:
         (ret, 0, 0, allow),
     ]
     filters = (_SockFilter * len(program))(*program)
-    header = _SockFprog(len(program), filters)
-    _check(_libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(header), 0, 0), "seccomp")
+    return _SockFprog(len(program), filters)
 
 
 class _SockFilter(ctypes.Structure):
@@ -178,11 +174,16 @@ class _SockFprog(ctypes.Structure):
 
 
 def _confine(job: dict) -> None:
-    """The untrusted child's last steps before the program: its process limit, no capabilities, no memfd."""
+    """The untrusted child's last steps before the program: its process limit, no capabilities, no memfd.
+
+    `_lock_capabilities` ran in its parent; ``job["memfd_filter"]`` is `_memfd_filter`'s program, or None.
+    """
     resource.setrlimit(resource.RLIMIT_NPROC, (job["max_processes"], job["max_processes"]))
-    _drop_capabilities()
-    if os.uname().machine in _SECCOMP_ARCHITECTURES:
-        _refuse_memfd()
+    header, data = _CapabilityHeader(0x20080522, 0), (_CapabilityData * 2)()  # version 3, every set empty
+    _check(_libc.capset(ctypes.byref(header), data), "capset")
+    _prctl(_PR_SET_NO_NEW_PRIVS, 1)
+    if job["memfd_filter"] is not None:
+        _check(_libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(job["memfd_filter"]), 0, 0), "seccomp")
 
 
 def _bind_read_only(source: str, target: str) -> None:
@@ -586,6 +587,8 @@ def run_job(server_pid: int) -> None:
         out.write(json.dumps({"status": "error", "output": "", "detail": detail}) + "\n")
         out.flush()
         os._exit(0)
+    _lock_capabilities()
+    job["memfd_filter"] = _memfd_filter() if os.uname().machine in _SECCOMP_ARCHITECTURES else None
     for value in job["inputs"]:
         frame = _run_input(job, value, in_pid_namespace)
         out.write(json.dumps(frame, ensure_ascii=False) + "\n")  # U+FFFD: 3 bytes, not 6
