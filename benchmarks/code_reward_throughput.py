@@ -10,17 +10,17 @@ runs all its tests: the worst case for a batch of fast programs. Measured in one
 other:
 
 - "start": the wall time of one sandbox that runs an empty program on one input, one after the other (median of
-  `--starts`); "per test": the extra wall time of each further input, from a 1-input and a 21-input job
-  (median of the differences / 20);
+  `--starts`; each a fork of the harness server this thread started for its first job); "per test": the extra wall
+  time of each further input, from a 1-input and a 21-input job (median of the differences / 20);
 - "judging": `code_reward` (PRIME's harness: preamble, standard input wrapped) on all completions with its default
-  number of threads (the CPU cores), the
-  wall time of the whole call, completions per second, and the CPU time it used in all processes ("CPU s": on a
-  busy machine the wall time mostly measures the other load; CPU s / cores is the wall time the same work needs on
-  idle cores when, as here, it keeps them all busy).
+  number of threads (the CPU cores): the wall time of the whole call (the harness servers start within it),
+  completions per second, and the CPU time used in all processes, the servers' included ("CPU s": on a busy machine
+  the wall time mostly measures the other load; CPU s / cores is the wall time the same work needs on idle cores
+  when it keeps them all busy).
 
 Settings: the default sandbox (namespaces, where the kernel allows them), the sandbox with `isolate=False`
 (limits and the process-group kill only), and the default sandbox started from a process holding `--ballast-gb`
-of resident memory, as a trainer does (sandboxes are started without forking the caller, see
+of resident memory, as a trainer does (harness servers are started without forking the caller, see
 `stapo_trl.processes.bound_self`, so this row should match the first).
 """
 
