@@ -92,7 +92,7 @@ def assert_process_healthy():
 
 @pytest.fixture(autouse=True)
 def sandbox_dir(tmp_path, monkeypatch):
-    """This test's sandboxes get their working directories here, which marks their processes as this test's."""
+    """This test's sandboxes get their working directories here; afterwards no job runs and none is left behind."""
     directory = tmp_path / "sandboxes"
     directory.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(directory))
