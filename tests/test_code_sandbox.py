@@ -159,6 +159,19 @@ def test_a_dead_server_is_replaced():
     assert server_pids(sandbox) != [dead]
 
 
+def test_an_idle_server_exits_and_the_next_job_starts_another(monkeypatch):
+    monkeypatch.setattr(sandbox_module, "SERVER_IDLE_SECONDS", 0.5)
+    sandbox = LocalSandbox()
+    list(sandbox.execute(Job("print(1)", [""])))
+    (idle,) = server_pids(sandbox)
+    deadline = time.monotonic() + 30
+    while idle in harness_processes() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert idle not in harness_processes()
+    assert list(sandbox.execute(Job("print(2)", [""]))) == [Output("ok", "2\n")]
+    assert server_pids(sandbox) not in ([], [idle])
+
+
 def test_close_stops_the_servers():
     sandbox = LocalSandbox()
     list(sandbox.execute(Job("print(1)", [""])))

@@ -73,6 +73,9 @@ OK, ERROR, TIMEOUT, OUTPUT_LIMIT, SANDBOX_ERROR = (
     "sandbox_error",
 )
 
+#: Seconds a harness server waits for its next job before it exits (the next job then starts a new one): between
+#: training steps no process is left waiting.
+SERVER_IDLE_SECONDS = 60.0
 #: Seconds a sandbox may take to start (interpreter, namespaces) before it counts as failed; a loaded node is slow.
 STARTUP_SECONDS = 30.0
 
@@ -301,7 +304,9 @@ class _Server:
             # The harness bounds itself first (`processes.bound_self`), so no launcher runs before it; -S skips site
             # initialisation, a third of a start's CPU time.
             self.process = processes.popen(
-                processes.python_command("-S", str(HARNESS), _PACKAGE_ROOT, str(os.getpid())),
+                processes.python_command(
+                    "-S", str(HARNESS), _PACKAGE_ROOT, str(os.getpid()), str(SERVER_IDLE_SECONDS)
+                ),
                 env=processes.scrubbed_env(PYTHONHASHSEED="0", **single_thread),
                 stdin=theirs,
                 stdout=subprocess.DEVNULL,

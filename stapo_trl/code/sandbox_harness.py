@@ -500,8 +500,9 @@ def _bound_memory(job: dict) -> tuple[list[str], dict[str, str]]:
     return protections, missing
 
 
-def serve(trainer_pid: int) -> None:
-    """Fork one sandbox per job the trainer sends, until it closes the control socket (standard input).
+def serve(trainer_pid: int, idle_seconds: float) -> None:
+    """Fork one sandbox per job the trainer sends, until it closes the control socket (standard input) or sends no
+    job for `idle_seconds`.
 
     Started once per judging thread, this process pays the interpreter's start and the imports once, not per job.
     A message is a job's working directory (holding ``job.json``) with the write end of a pipe for its results; the
@@ -515,12 +516,14 @@ def serve(trainer_pid: int) -> None:
     control = socket.socket(fileno=0)
     own_pid = os.getpid()
     while True:
+        control.settimeout(idle_seconds)
         try:
             message, descriptors, _, _ = socket.recv_fds(control, 1 << 16, 1)
-        except OSError:
+        except OSError:  # idle too long (the trainer starts another when it needs one), or the socket broke
             os._exit(0)
         if not message or len(descriptors) != 1:
             os._exit(0)  # the trainer closed the socket (or broke the protocol): no job is running
+        control.settimeout(None)  # a job may run as long as its inputs' time limits allow
         workdir = message.decode()
         pid = os.fork()
         if pid == 0:
@@ -598,10 +601,10 @@ def run_job(server_pid: int) -> None:
     os._exit(0)
 
 
-if __name__ == "__main__":  # python -I -S sandbox_harness.py PACKAGE_ROOT TRAINER_PID
+if __name__ == "__main__":  # python -I -S sandbox_harness.py PACKAGE_ROOT TRAINER_PID IDLE_SECONDS
     sys.path.append(sys.argv[1])
     from stapo_trl.code.values import encode
     from stapo_trl.processes import Limits, bound_self
 
     sys.path.remove(sys.argv[1])
-    serve(int(sys.argv[2]))
+    serve(int(sys.argv[2]), float(sys.argv[3]))
