@@ -42,7 +42,6 @@ import socket
 import sys
 import time
 import traceback
-from pathlib import Path
 
 
 _CLONE_NEWUSER, _CLONE_NEWNS, _CLONE_NEWNET = 0x10000000, 0x00020000, 0x40000000
@@ -405,12 +404,14 @@ def _run_input(job: dict, value, in_pid_namespace: bool) -> dict:
 
 
 def _end_leftovers(in_pid_namespace: bool) -> None:
-    """Kill and reap what the program left running (it was killed already in a PID namespace; see `main`)."""
+    """Kill and reap what the program left running (it was killed already in a PID namespace; see `_run_input`)."""
     while True:
         if not in_pid_namespace:
             # A child subreaper: orphans, detached sessions included, become its children and are listed here.
-            for children in Path("/proc/self/task").glob("*/children"):
-                for child in children.read_text().split():
+            for task in os.listdir("/proc/self/task"):
+                with open(f"/proc/self/task/{task}/children") as children:
+                    listed = children.read().split()
+                for child in listed:
                     try:
                         os.kill(int(child), signal.SIGKILL)
                     except ProcessLookupError:
