@@ -236,7 +236,10 @@ class LocalSandbox:
                 server = results = None
             if not isinstance(header, dict) or "protections" not in header:
                 reason = header.get("error") if isinstance(header, dict) else None
-                reason = reason or f"the sandbox did not start (exit code {server.process.poll()})"
+                exit_code = server.process.poll()
+                reason = reason or "the sandbox did not start" + (
+                    f" (its harness server exited with code {exit_code})" if exit_code is not None else ""
+                )
                 report.update(protections=[], missing={"sandbox": reason})
                 yield Output(SANDBOX_ERROR, detail=reason)
                 return
