@@ -1,6 +1,9 @@
+import contextlib
 import os
 import signal
 import subprocess
+import threading
+import time
 
 
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -18,16 +21,79 @@ def run_command(command, *, timeout: float, stderr=subprocess.PIPE, **popen_kwar
     """Run `command` in a new session (its own process group), capturing its text output (stderr=subprocess.STDOUT
     merges the two); on timeout SIGKILL the whole group, then fail the test with the output's tail. `popen_kwargs`
     (env, cwd) go to Popen. Launchers and trainers leave children behind otherwise, and a hung child hangs the suite."""
-    process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=True, **popen_kwargs
-    )
+    return run_commands([command], timeout=timeout, stderr=stderr, **popen_kwargs)[0]
+
+
+def run_commands(commands, *, timeout: float, **kwargs) -> list[subprocess.CompletedProcess]:
+    """Run `commands` at the same time, each as `run_command` runs one; all must end within `timeout` s of their
+    start, or every group still running is SIGKILLed and the test fails."""
+    with started_commands(commands, timeout=timeout, **kwargs) as finish:
+        return finish()
+
+
+@contextlib.contextmanager
+def started_commands(commands, *, timeout: float, stderr=subprocess.PIPE, each=None, **popen_kwargs):
+    """Start `commands`, each in a new session as `run_command` does, and yield `finish`, which waits for them all
+    and returns their CompletedProcess: the test does other work in between. `each`: per command, Popen arguments
+    over `popen_kwargs` (an env of its own). Their output is read as it comes (a full pipe never stalls one), and
+    they must all end within `timeout` s of their start; on timeout, or when the block is left any other way, every
+    group still running is SIGKILLed."""
+    deadline = time.monotonic() + timeout
+    processes, outputs, readers = [], [], []
     try:
-        out, err = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        out, err = process.communicate()
-        pytest.fail(f"{command} timed out after {timeout} s:\n{(out + (err or ''))[-5000:]}")
-    return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+        for command, own in zip(commands, each or [{}] * len(commands), strict=True):
+            process = subprocess.Popen(
+                command,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                text=True,
+                start_new_session=True,
+                **{**popen_kwargs, **own},
+            )
+            processes.append(process)
+            outputs.append(None)
+            reader = threading.Thread(target=_communicate, args=(process, outputs, len(outputs) - 1), daemon=True)
+            reader.start()
+            readers.append(reader)
+
+        def finish() -> list[subprocess.CompletedProcess]:
+            for reader in readers:
+                reader.join(max(deadline - time.monotonic(), 0))
+            late = [process.args for process, reader in zip(processes, readers) if reader.is_alive()]
+            if late:
+                _kill_running(processes, readers)
+                tails = "\n".join(f"{command}:\n{_text(output)[-5000:]}" for command, output in zip(commands, outputs))
+                pytest.fail(f"{late} timed out after {timeout} s:\n{tails}")
+            for reader in readers:
+                reader.join()
+            return [
+                subprocess.CompletedProcess(process.args, process.returncode, *output)
+                for process, output in zip(processes, outputs, strict=True)
+            ]
+
+        yield finish
+    finally:
+        _kill_running(processes, readers)
+
+
+def _communicate(process, outputs, index):
+    outputs[index] = process.communicate()
+
+
+def _text(output) -> str:
+    return "" if output is None else (output[0] or "") + (output[1] or "")
+
+
+def _kill_running(processes, readers):
+    """SIGKILL the group of every command whose output is still open (its leader, or a child holding its pipes)."""
+    for process, reader in zip(processes, readers):
+        if reader.is_alive():
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    for reader in readers:
+        reader.join()
 
 
 # CPU settings every test config needs: TRL defaults to bf16, which refuses to start without a GPU.

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_command
+from conftest import run_command, run_commands
 
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
@@ -45,19 +45,32 @@ def check_table(script: str, result: subprocess.CompletedProcess) -> None:
         assert len(row) == len(header) and all(row), row
 
 
-@pytest.mark.parametrize("script", ["step_overhead.py", "mask_cost.py", "mechanism_cost.py"])
-def test_single_process_benchmark_runs(script, tmp_path):
-    result = run_command([sys.executable, str(BENCHMARKS / script), "--quick"], timeout=300, env=ENV, cwd=tmp_path)
-    check_table(script, result)
+SINGLE_PROCESS = ["step_overhead.py", "mask_cost.py", "mechanism_cost.py"]
 
 
-def test_gather_benchmark_runs_on_two_processes(tmp_path):
-    command = [
+@pytest.fixture(scope="module")
+def benchmark_runs(tmp_path_factory) -> dict:
+    """The smoke runs of the single-process scripts and of gather_overhead.py on 2 processes, started together (each
+    is a process group of its own, in a directory of its own; no timing is checked): their results by script."""
+    gather = [
         sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
         "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29537",
         str(BENCHMARKS / "gather_overhead.py"), "--quick",
     ]  # fmt: skip
-    result = run_command(command, timeout=300, env=dict(ENV, ACCELERATE_USE_CPU="true"), cwd=tmp_path)
+    commands = [[sys.executable, str(BENCHMARKS / script), "--quick"] for script in SINGLE_PROCESS] + [gather]
+    each = [dict(env=ENV, cwd=tmp_path_factory.mktemp(script)) for script in SINGLE_PROCESS]
+    each.append(dict(env=dict(ENV, ACCELERATE_USE_CPU="true"), cwd=tmp_path_factory.mktemp("gather_overhead.py")))
+    results = run_commands(commands, each=each, timeout=300)
+    return dict(zip([*SINGLE_PROCESS, "gather_overhead.py"], results, strict=True))
+
+
+@pytest.mark.parametrize("script", SINGLE_PROCESS)
+def test_single_process_benchmark_runs(script, benchmark_runs):
+    check_table(script, benchmark_runs[script])
+
+
+def test_gather_benchmark_runs_on_two_processes(benchmark_runs):
+    result = benchmark_runs["gather_overhead.py"]
     check_table("gather_overhead.py", result)
     assert "2 processes" in result.stdout, result.stdout
 

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_command
+from conftest import run_command, run_commands
 
 from stapo_trl.cli import UsageError, check_before_loading, parse_args
 
@@ -122,27 +122,43 @@ def test_checks_before_loading(train_math, tmp_path):
     assert check("--resume_from_checkpoint", "latest").resume_from_checkpoint == str(tmp_path / "run" / "checkpoint-5")
 
 
+ERROR_CASES = [
+    (["--spurious_prob_treshold", "0.01"], "did you mean --spurious_prob_threshold?"),
+    (["--dataset_name", "BytedTsinghua-SIA/DAPO-Math-17k"], "--dataset_name BytedTsinghua-SIA/DAPO-Math-17k: not a"),
+    (["--output_dir", "{directory}/run"], "--overwrite_output_dir true"),  # a finished run's
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def script_runs(tmp_path_factory) -> dict:
+    """The script on each of ERROR_CASES (in a directory holding a finished run, "run": `{directory}`) and with --help,
+    started together (each a process of its own): the directory, and the results by name."""
+    directory = tmp_path_factory.mktemp("errors")
+    (directory / "run").mkdir()
+    (directory / "run" / "results.json").write_text("{}")
+    argvs = [[arg.format(directory=directory) for arg in argv] for argv, _ in ERROR_CASES]
+    commands = [
+        [sys.executable, str(SCRIPT), *argv] if "--output_dir" in argv else
+        [sys.executable, str(SCRIPT), *argv, "--output_dir", str(directory / "out")]
+        for argv in argvs
+    ] + [[sys.executable, str(SCRIPT), "--help"]]  # fmt: skip
+    each = [dict(cwd=directory)] * len(ERROR_CASES) + [dict(cwd=ROOT)]
+    results = run_commands(commands, each=each, timeout=300, env=ENV)
+    return {"directory": directory, "errors": results[: len(ERROR_CASES)], "help": results[-1]}
+
+
 @pytest.mark.slow
-def test_errors_are_one_line_before_any_model_is_loaded(tmp_path):
-    (tmp_path / "run").mkdir()
-    (tmp_path / "run" / "results.json").write_text("{}")
-    cases = [
-        (["--spurious_prob_treshold", "0.01"], "did you mean --spurious_prob_threshold?"),
-        (["--dataset_name", "BytedTsinghua-SIA/DAPO-Math-17k"], "--dataset_name BytedTsinghua-SIA/DAPO-Math-17k: not a"),
-        (["--output_dir", str(tmp_path / "run")], "--overwrite_output_dir true"),
-    ]  # fmt: skip
-    for argv, expected in cases:
-        argv = argv if "--output_dir" in argv else [*argv, "--output_dir", str(tmp_path / "out")]
-        result = run_command([sys.executable, str(SCRIPT), *argv], timeout=300, cwd=tmp_path, env=ENV)
+def test_errors_are_one_line_before_any_model_is_loaded(script_runs):
+    for (_, expected), result in zip(ERROR_CASES, script_runs["errors"], strict=True):
         assert result.returncode == 2, result.stderr[-2000:]
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and expected in lines[0] and lines[0].startswith("examples/train_math.py: error:")
-    assert (tmp_path / "run" / "results.json").read_text() == "{}"
+    assert (script_runs["directory"] / "run" / "results.json").read_text() == "{}"
 
 
 @pytest.mark.slow
-def test_help_starts_with_the_script_then_stapo_then_everything():
-    result = run_command([sys.executable, str(SCRIPT), "--help"], timeout=300, cwd=ROOT, env=ENV)
+def test_help_starts_with_the_script_then_stapo_then_everything(script_runs):
+    result = script_runs["help"]
     assert result.returncode == 0, result.stderr[-2000:]
     text = result.stdout
     first = text.index("Common invocations:")

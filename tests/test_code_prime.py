@@ -3,7 +3,7 @@ same cases), binary and partial credit, on tricky programs, outputs and return v
 are the cases marked with their reason, and the test shows they are differences."""
 
 import pytest
-from peer_cases import call_tests, fenced, peer_verdicts, stdin_tests
+from peer_cases import call_tests, fenced, peer_verdicts_alongside, stdin_tests
 
 from stapo_trl.code.prime import extract_program, return_matches, stdout_matches
 from stapo_trl.code.reward import code_reward
@@ -164,9 +164,11 @@ CASES = [
 def verdicts():
     completions = [completion for _, completion, _, _ in CASES]
     tests = [tests for _, _, tests, _ in CASES]
-    peer = peer_verdicts("prime", [{"completion": c, "tests": t} for c, t in zip(completions, tests)])
-    binary = code_reward(completions, tests)
-    partial = code_reward(completions, tests, partial_credit=True)
+    peer, (binary, partial) = peer_verdicts_alongside(
+        "prime",
+        [{"completion": c, "tests": t} for c, t in zip(completions, tests)],
+        lambda: (code_reward(completions, tests), code_reward(completions, tests, partial_credit=True)),
+    )
     return dict(zip((name for name, *_ in CASES), zip(peer, binary, partial)))
 
 

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_command
+from conftest import run_command, started_commands
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -139,8 +139,22 @@ def test_commands_are_read_from_the_documents():
     assert reason_not_run("sbatch examples/slurm/train_multinode.slurm --method justrl") is not None
 
 
+@pytest.fixture(scope="module")
+def library_example(tmp_path_factory):
+    """The "Use it like GRPOTrainer" block of the README, verbatim, started in a process of its own (in a directory of
+    its own, on this checkout) as soon as a test asks for it, so that it trains while the documented commands run;
+    `finish()` waits for it and gives its CompletedProcess."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Use it like GRPOTrainer") :]
+    example = next(lines for language, lines in code_blocks(section) if language == "python")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(ROOT))
+    command = [sys.executable, "-c", "\n".join(example)]
+    with started_commands([command], timeout=900, cwd=tmp_path_factory.mktemp("library"), env=env) as finish:
+        yield lambda: finish()[0]
+
+
 @pytest.mark.slow
-def test_every_documented_command_runs_as_written(clone):
+def test_every_documented_command_runs_as_written(clone, library_example):  # the library example trains meanwhile
     env, ran, failures = environment(clone), [], []
     for document in DOCUMENTS:
         for command in documented_commands(document):
@@ -157,12 +171,8 @@ def test_every_documented_command_runs_as_written(clone):
 
 
 @pytest.mark.slow
-def test_the_readme_library_example_runs_as_shown(tmp_path):
+def test_the_readme_library_example_runs_as_shown(library_example):
     """The "Use it like GRPOTrainer" block, verbatim, on a CPU: it trains and logs the S2T metrics."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index("## Use it like GRPOTrainer") :]
-    example = next(lines for language, lines in code_blocks(section) if language == "python")
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(ROOT))
-    result = run_command([sys.executable, "-c", "\n".join(example)], timeout=900, cwd=tmp_path, env=env)
+    result = library_example()
     assert result.returncode == 0, result.stderr[-3000:]
     assert "'spurious/silenced_ratio'" in result.stdout and "'reward'" in result.stdout, result.stdout[-2000:]

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_command
+from conftest import run_commands
 
 from stapo_trl.evaluation import (
     BENCHMARKS,
@@ -53,8 +53,11 @@ def test_a_boxed_gold_grades_correct_for_every_shipped_problem():
 
 def test_no_user_facing_text_points_to_the_reference_folder():
     texts = [(ROOT / "docs" / "evaluation.md").read_text(), (SHIPPED_BENCHMARKS_DIR / "SOURCES.md").read_text()]
-    for script in ("evaluate_math.py", "evaluate_code.py"):
-        result = run_command([sys.executable, str(ROOT / "examples" / script), "--help"], timeout=120)
+    commands = [
+        [sys.executable, str(ROOT / "examples" / script), "--help"]
+        for script in ("evaluate_math.py", "evaluate_code.py")
+    ]
+    for result in run_commands(commands, timeout=120):
         assert result.returncode == 0, result.stderr
         texts.append(result.stdout)
     texts += [path.read_text() for path in (ROOT / "stapo_trl" / "evaluation").glob("*.py")]

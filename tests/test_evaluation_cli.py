@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_command
+from conftest import run_commands
 
 from stapo_trl.cli import UsageError
 from stapo_trl.evaluation import cli
@@ -34,11 +34,31 @@ def test_wrong_input_is_refused_before_anything_is_written(task, argv, expected,
     assert not any(tmp_path.iterdir())
 
 
-@pytest.mark.parametrize("script", ["evaluate_math.py", "evaluate_code.py"])
-def test_the_scripts_print_one_line(script, tmp_path):
-    argv = [sys.executable, str(ROOT / "examples" / script), "--model", "Qwen/Qwen3-0.6B-Base", "--output_dir", "out"]
-    result = run_command(argv, timeout=300, cwd=tmp_path, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+SCRIPTS = ["evaluate_math.py", "evaluate_code.py"]
+
+
+@pytest.fixture(scope="module")
+def script_runs(tmp_path_factory) -> dict:
+    """Both scripts on a model that is not here, started together (each a process of its own, in an empty directory
+    of its own): by script, the directory and the result."""
+    directories = [tmp_path_factory.mktemp(script) for script in SCRIPTS]
+    commands = [
+        [sys.executable, str(ROOT / "examples" / script), "--model", "Qwen/Qwen3-0.6B-Base", "--output_dir", "out"]
+        for script in SCRIPTS
+    ]
+    results = run_commands(
+        commands,
+        each=[dict(cwd=directory) for directory in directories],
+        timeout=300,
+        env=dict(os.environ, HF_HUB_OFFLINE="1"),
+    )
+    return dict(zip(SCRIPTS, zip(directories, results, strict=True), strict=True))
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_the_scripts_print_one_line(script, script_runs):
+    directory, result = script_runs[script]
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"{script}: error: --model Qwen/Qwen3-0.6B-Base: "), lines
-    assert not any(tmp_path.iterdir())
+    assert not any(directory.iterdir())

@@ -3,7 +3,7 @@ run on the same cases) on tricky programs, outputs and return values; the differ
 marked with their reason, and the test shows they are differences."""
 
 import pytest
-from peer_cases import call_tests, fenced, peer_verdicts, stdin_tests
+from peer_cases import call_tests, fenced, peer_verdicts_alongside, stdin_tests
 
 from stapo_trl.code.reward import code_reward
 from stapo_trl.evaluation.livecodebench import LIVECODEBENCH, extract_program, stdout_matches
@@ -154,8 +154,11 @@ CASES = [
 def verdicts():
     completions = [completion for _, completion, _, _ in CASES]
     tests = [tests for _, _, tests, _ in CASES]
-    peer = peer_verdicts("livecodebench", [{"completion": c, "tests": t} for c, t in zip(completions, tests)])
-    ours = code_reward(completions, tests, harness=LIVECODEBENCH)
+    peer, ours = peer_verdicts_alongside(
+        "livecodebench",
+        [{"completion": c, "tests": t} for c, t in zip(completions, tests)],
+        lambda: code_reward(completions, tests, harness=LIVECODEBENCH),
+    )
     return dict(zip((name for name, *_ in CASES), zip(peer, ours)))
 
 

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_command
+from conftest import run_command, run_commands
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,30 +30,44 @@ def check_run(output_dir: Path, output: str):
         assert noise not in output
 
 
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    """The one-process and the two-process run, started together (each a process group of its own, in an output
+    directory of its own): by name, the output directory and the result."""
+    single, two = tmp_path_factory.mktemp("single"), tmp_path_factory.mktemp("two")
+    commands = [
+        [sys.executable, str(SCRIPT), *TINY_RUN, "--output_dir", str(single)],
+        [
+            sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29534",
+            str(SCRIPT), "--config", str(ROOT / "examples/recipes/toy/stapo_cpu.yaml"), *TINY_RUN,
+            "--output_dir", str(two),
+        ],
+    ]  # fmt: skip
+    results = run_commands(commands, timeout=600, env=ENV)
+    return {"single": (single, results[0]), "two": (two, results[1])}
+
+
 @pytest.mark.slow
-def test_single_process(tmp_path):
-    result = run_command([sys.executable, str(SCRIPT), *TINY_RUN, "--output_dir", str(tmp_path)], timeout=600, env=ENV)
+def test_single_process(runs):
+    output_dir, result = runs["single"]
     assert result.returncode == 0, result.stderr[-4000:]
     output = result.stdout + result.stderr
     assert "Method stapo (1 process)" in output
-    check_run(tmp_path, output)
+    check_run(output_dir, output)
     # The same directory again is refused, the run left as it was
-    before = (tmp_path / "results.json").read_text()
-    again = run_command([sys.executable, str(SCRIPT), *TINY_RUN, "--output_dir", str(tmp_path)], timeout=600, env=ENV)
+    before = (output_dir / "results.json").read_text()
+    again = run_command(
+        [sys.executable, str(SCRIPT), *TINY_RUN, "--output_dir", str(output_dir)], timeout=600, env=ENV
+    )
     assert again.returncode == 2 and "--overwrite_output_dir true" in again.stderr
-    assert (tmp_path / "results.json").read_text() == before
+    assert (output_dir / "results.json").read_text() == before
 
 
 @pytest.mark.slow
-def test_two_processes(tmp_path):
-    command = [
-        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29534",
-        str(SCRIPT), "--config", str(ROOT / "examples/recipes/toy/stapo_cpu.yaml"), *TINY_RUN,
-        "--output_dir", str(tmp_path),
-    ]  # fmt: skip
-    result = run_command(command, timeout=600, env=ENV)
+def test_two_processes(runs):
+    output_dir, result = runs["two"]
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
     assert "Method stapo (2 processes)" in output
-    check_run(tmp_path, output)
+    check_run(output_dir, output)

@@ -2,7 +2,8 @@
 
 accelerate does not enable FSDP on CPU processes; the test-only `fsdp_on_cpu/sitecustomize.py`, put first on the
 children's PYTHONPATH, does. Every FSDP run checks that the prepared model is an `FSDPModule` on every rank. Each
-launch runs under `run_command`'s timeout, which kills its whole process group: a hang fails the test.
+launch runs under conftest's `run_commands` timeout, which kills its whole process group: a hang fails the test. Runs
+that a test compares (FSDP and one process, say) are started together, each a process group of its own.
 """
 
 import os
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_command
+from conftest import run_command, run_commands
 from eq6 import s2t_silenced, token_logps_and_entropies
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
@@ -58,11 +59,24 @@ def launch_command(*, config=FSDP2_CONFIG, num_processes=2, port=None) -> list[s
 
 def run_fixed(output_dir, *flags, processes: int, fsdp_on_cpu: bool = True) -> str:
     """fixed_completions_run.py in one process, or launched with fsdp2.yaml in 2 (with or without the shim)."""
-    prefix = [sys.executable] if processes == 1 else launch_command()
-    command = [*prefix, str(RUN), str(output_dir), *flags]
-    result = run_command(command, timeout=600, env=child_env(fsdp_on_cpu), cwd=ROOT, stderr=subprocess.STDOUT)
-    assert result.returncode == 0, result.stdout[-5000:]
-    return result.stdout
+    [output] = run_fixed_together(
+        dict(output_dir=output_dir, flags=flags, processes=processes, fsdp_on_cpu=fsdp_on_cpu)
+    )
+    return output
+
+
+def run_fixed_together(*runs: dict) -> list[str]:
+    """Several `run_fixed` runs (their keyword arguments, `flags` a tuple) at the same time, in separate output
+    directories; their outputs."""
+    commands, each = [], []
+    for run in runs:
+        prefix = [sys.executable] if run["processes"] == 1 else launch_command()
+        commands.append([*prefix, str(RUN), str(run["output_dir"]), *run.get("flags", ())])
+        each.append(dict(env=child_env(run.get("fsdp_on_cpu", True))))
+    results = run_commands(commands, each=each, timeout=600, cwd=ROOT, stderr=subprocess.STDOUT)
+    for result in results:
+        assert result.returncode == 0, result.stdout[-5000:]
+    return [result.stdout for result in results]
 
 
 def assert_fsdp_on_every_rank(output: str, output_dir=None, model_class="FSDPQwen3ForCausalLM"):
@@ -130,24 +144,34 @@ def assert_same_parameters(actual, expected, tolerance=PARAMETER_TOLERANCE):
 
 
 @pytest.fixture(scope="module")
-def fsdp_run(tmp_path_factory):
-    output_dir = tmp_path_factory.mktemp("fsdp")
-    output = run_fixed(output_dir, processes=2)
-    assert_fsdp_on_every_rank(output, output_dir)
-    return output_dir
+def reference_runs(tmp_path_factory) -> dict:
+    """The FSDP2 run, the DDP run (fsdp2.yaml without the shim) and the one-process run, started together (each a
+    process group of its own, in an output directory of its own): their directories, and the DDP run's output."""
+    directories = {name: tmp_path_factory.mktemp(name) for name in ("fsdp", "ddp", "one")}
+    fsdp_output, ddp_output, _ = run_fixed_together(
+        dict(output_dir=directories["fsdp"], processes=2),
+        dict(output_dir=directories["ddp"], processes=2, fsdp_on_cpu=False),
+        dict(output_dir=directories["one"], processes=1),
+    )
+    assert_fsdp_on_every_rank(fsdp_output, directories["fsdp"])
+    return {**directories, "ddp_output": ddp_output}
 
 
-def test_fsdp2_decides_and_trains_as_ddp_and_one_process(fsdp_run, tmp_path):
+@pytest.fixture(scope="module")
+def fsdp_run(reference_runs):
+    return reference_runs["fsdp"]
+
+
+def test_fsdp2_decides_and_trains_as_ddp_and_one_process(fsdp_run, reference_runs):
     """Scope "step", accumulation 2, steps_per_generation 4, num_iterations 2, 8 steps: the silenced set of every
     step and the parameters after the 8 steps are those of DDP and of one process. The DDP run is what
     `accelerate launch --config_file fsdp2.yaml` gives on CPUs without the shim: accelerate drops FSDP, and the
     trainer says so once."""
-    ddp_output = run_fixed(tmp_path / "ddp", processes=2, fsdp_on_cpu=False)
+    ddp_output, ddp_run, one_run = reference_runs["ddp_output"], reference_runs["ddp"], reference_runs["one"]
     assert "is an FSDPModule" not in ddp_output and "done, DistributedDataParallel" in ddp_output
     assert ddp_output.count("FSDP (fsdp_version 2) was asked for, but accelerate runs this job as MULTI_CPU") == 1
-    run_fixed(tmp_path / "one", processes=1)
 
-    fsdp, ddp, one = decisions(fsdp_run), decisions(tmp_path / "ddp"), decisions(tmp_path / "one")
+    fsdp, ddp, one = decisions(fsdp_run), decisions(ddp_run), decisions(one_run)
     assert sorted(fsdp) == sorted(ddp) == sorted(one) == list(range(1, 9))
     assert silenced_by_completion(fsdp[1]) == eq6_silenced(fsdp[1])
     for step in fsdp:
@@ -157,8 +181,8 @@ def test_fsdp2_decides_and_trains_as_ddp_and_one_process(fsdp_run, tmp_path):
         assert silenced > 0, f"step {step}: nothing silenced, the comparison is vacuous"
 
     final = saved_parameters(fsdp_run / "final")
-    assert_same_parameters(final, saved_parameters(tmp_path / "one" / "final"))
-    assert_same_parameters(final, saved_parameters(tmp_path / "ddp" / "final"))
+    assert_same_parameters(final, saved_parameters(one_run / "final"))
+    assert_same_parameters(final, saved_parameters(ddp_run / "final"))
     moved = max(
         (final[name] - value).abs().max().item() for name, value in saved_parameters(fsdp_run / "checkpoint-4").items()
     )
@@ -186,8 +210,11 @@ def test_fsdp2_uneven_processes_take_the_one_process_decision(tmp_path):
     """Process 1 holds 1-token completions with advantage 0 (no candidates), process 0 12-token ones: the entropy
     gather and the step's forwards still line up (a hang would hit the timeout), and every decision is the one
     process's on the same completions."""
-    assert_fsdp_on_every_rank(run_fixed(tmp_path / "fsdp", "--uneven", processes=2), tmp_path / "fsdp")
-    run_fixed(tmp_path / "one", "--uneven", processes=1)
+    output, _ = run_fixed_together(
+        dict(output_dir=tmp_path / "fsdp", flags=("--uneven",), processes=2),
+        dict(output_dir=tmp_path / "one", flags=("--uneven",), processes=1),
+    )
+    assert_fsdp_on_every_rank(output, tmp_path / "fsdp")
     fsdp, one = decisions(tmp_path / "fsdp"), decisions(tmp_path / "one")
     for rank, length in ((0, 12), (1, 1)):
         for batch in torch.load(tmp_path / "fsdp" / f"decisions-rank{rank}.pt"):
@@ -262,9 +289,11 @@ def test_two_machines_as_the_slurm_script_starts_them(tmp_path):
 def test_lora_under_fsdp2_trains_as_one_process(tmp_path):
     """A LoRA adapter (LoRA dropout 0.05, switched off by disable_dropout) under FSDP2: every step's decision and the
     trained adapter are those of one process on the same completions, and the adapter moved."""
-    output = run_fixed(tmp_path / "fsdp", "--lora", processes=2)
+    output, _ = run_fixed_together(
+        dict(output_dir=tmp_path / "fsdp", flags=("--lora",), processes=2),
+        dict(output_dir=tmp_path / "one", flags=("--lora",), processes=1),
+    )
     assert_fsdp_on_every_rank(output, tmp_path / "fsdp", model_class="FSDPPeftModel")
-    run_fixed(tmp_path / "one", "--lora", processes=1)
     fsdp, one = decisions(tmp_path / "fsdp"), decisions(tmp_path / "one")
     assert sorted(fsdp) == sorted(one) == list(range(1, 9))
     assert silenced_by_completion(fsdp[1]) == eq6_silenced(fsdp[1])
