@@ -40,33 +40,28 @@ NAMESPACES = namespaces_available()
 needs_namespaces = pytest.mark.skipif(not NAMESPACES, reason="this kernel refuses unprivileged namespaces")
 
 
-def harness_processes() -> dict[int, int]:
-    """The processes running this checkout's sandbox harness, as {pid: parent's pid}: the servers, and their jobs'
-    processes (forked children keep the server's command line)."""
+def harness_processes(trainer: int | None = None) -> dict[int, int]:
+    """The processes running this checkout's sandbox harness for `trainer` (default: this process), as {pid: parent's
+    pid}: its servers and their jobs' processes (forked children keep the server's command line, which names the
+    trainer)."""
+    trainer = os.getpid() if trainer is None else trainer
     found = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                command_line = (entry / "cmdline").read_bytes()
+                arguments = (entry / "cmdline").read_bytes().split(b"\0")
                 parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
             except (OSError, ValueError, IndexError):
                 continue
-            if str(HARNESS).encode() in command_line:
-                found[int(entry.name)] = parent
-    return found
-
-
-def descendants(root: int) -> set[int]:
-    """The harness processes `root` started and those they started, at any depth."""
-    processes, found, parents = harness_processes(), set(), {root}
-    while parents:
-        parents = {pid for pid, parent in processes.items() if parent in parents} - found
-        found |= parents
+            if str(HARNESS).encode() in arguments:  # python -I -S HARNESS PACKAGE_ROOT TRAINER_PID IDLE_SECONDS
+                harness_at = arguments.index(str(HARNESS).encode())
+                if arguments[harness_at + 2 : harness_at + 3] == [str(trainer).encode()]:
+                    found[int(entry.name)] = parent
     return found
 
 
 def assert_nothing_left_running():
-    """Every harness process left is an idle server of this process: no job's process, nor another trainer's."""
+    """Every harness process of this process left is an idle server: no job's process runs."""
 
     def left_running():
         return {pid for pid, parent in harness_processes().items() if parent != os.getpid()}
@@ -332,17 +327,16 @@ def test_the_sandbox_dies_with_the_trainer_and_leaves_no_directory(sandbox_dir):
         deadline = time.monotonic() + 60
         # Four with namespaces (the server, the job, the namespace's first process, the program), three without.
         expected = 4 if NAMESPACES else 3
-        while len(descendants(trainer.pid)) < expected and time.monotonic() < deadline:
+        while len(harness_processes(trainer.pid)) < expected and time.monotonic() < deadline:
             time.sleep(0.05)
-        sandbox = descendants(trainer.pid)
-        assert len(sandbox) == expected, "the program did not start"
+        assert len(harness_processes(trainer.pid)) == expected, "the program did not start"
     finally:
         os.killpg(trainer.pid, signal.SIGKILL)  # the trainer's group only: the sandbox has its own session
         trainer.wait()
     deadline = time.monotonic() + 5
-    while sandbox & harness_processes().keys() and time.monotonic() < deadline:
+    while harness_processes(trainer.pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert sandbox & harness_processes().keys() == set()
+    assert harness_processes(trainer.pid) == {}
     if not NAMESPACES:  # the program's working directory is then on the host, and nobody is left to delete it
         for leftover in sandbox_dir.iterdir():
             shutil.rmtree(leftover)
