@@ -37,11 +37,17 @@ math reward is +1/-1. ``partial_credit=True`` of `code_reward` gives veRL's cont
 
 from __future__ import annotations
 
-import ast
 import json
 from typing import Any
 
-from stapo_trl.code.reward import APPS_IMPORTS, CodeTests, Harness, bind_solution_method, stdin_driver
+from stapo_trl.code.reward import (
+    APPS_IMPORTS,
+    CodeTests,
+    Harness,
+    bind_solution_method,
+    stdin_driver,
+    unwrap_main_guard,
+)
 
 
 #: PRIME's import block, verbatim (``testing_util.run_test``).
@@ -66,13 +72,7 @@ def prepare_program(program: str, tests: CodeTests) -> str:
 
 def _wrap_in_function(program: str) -> str:
     """PRIME's text transformation of a standard-input program (``testing_util.run_test``), step for step."""
-    try:
-        tree = ast.parse(program)
-        last_block = tree.body[-1]
-        if isinstance(last_block, ast.If) and ast.unparse(last_block.test).strip() == "__name__ == '__main__'":
-            program = ast.unparse(tree.body[:-1]) + "\n" + ast.unparse(last_block.body)
-    except Exception:  # as PRIME: a program that does not parse (or is empty) is left as it is
-        pass
+    program = unwrap_main_guard(program)
     lines = [
         line + "\n" if line.startswith(("from ", "import ")) else "\t" + line + "\n" for line in program.split("\n")
     ]

@@ -27,6 +27,7 @@ TRL logs the reward under::
 
 from __future__ import annotations
 
+import ast
 import json
 import logging
 import os
@@ -404,6 +405,20 @@ def stdin_driver(
     """
     driver = _STDIN_DRIVER.format(stdin_class=stdin_class, stdin_factory=stdin_factory, setup=setup, function=function)
     return f"SOURCE = {source!r}\n{driver}"
+
+
+def unwrap_main_guard(program: str) -> str:
+    """APPS's first step with a standard-input program, kept by PRIME and LiveCodeBench: a last statement
+    ``if __name__ == '__main__':`` is replaced by its body; a program that does not parse (or is empty) is left as it
+    is."""
+    try:
+        tree = ast.parse(program)
+        last_block = tree.body[-1]
+        if isinstance(last_block, ast.If) and ast.unparse(last_block.test).strip() == "__name__ == '__main__'":
+            program = ast.unparse(tree.body[:-1]) + "\n" + ast.unparse(last_block.body)
+    except Exception:
+        pass
+    return program
 
 
 def bind_solution_method(program: str, fn_name: str) -> str:

@@ -29,7 +29,15 @@ import json
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from ..code.reward import APPS_IMPORTS, CodeTests, Harness, bind_solution_method, run_program, stdin_driver
+from ..code.reward import (
+    APPS_IMPORTS,
+    CodeTests,
+    Harness,
+    bind_solution_method,
+    run_program,
+    stdin_driver,
+    unwrap_main_guard,
+)
 from ..code.sandbox import OK, LocalSandbox
 
 
@@ -99,23 +107,12 @@ def prepare_program(program: str, tests: CodeTests) -> str:
     if tests.fn_name is not None:
         return _GUARD + PREAMBLE + "\n\n" + program + bind_solution_method(program, tests.fn_name)
     return stdin_driver(
-        _make_function(_clean_if_name(program)),
+        _make_function(unwrap_main_guard(program)),
         function="wrapped_function",
         setup=_GUARD,
         stdin_class=_MOCK_STDIN,
         stdin_factory="MockStdinWithBuffer",
     )
-
-
-def _clean_if_name(code: str) -> str:
-    try:
-        tree = ast.parse(code)
-        last_block = tree.body[-1]
-        if isinstance(last_block, ast.If) and ast.unparse(last_block.test).strip() == "__name__ == '__main__'":
-            code = ast.unparse(tree.body[:-1]) + "\n" + ast.unparse(last_block.body)
-    except Exception:
-        pass
-    return code
 
 
 def _make_function(code: str) -> str:
